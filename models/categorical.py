@@ -1,0 +1,78 @@
+"""Categorical leaf: an integer in ``0..V-1`` per row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Leaf, as_float_array, check_probs, int_column, spec_field
+from .cost import NodeCost, stat_bytes
+from .errors import DataError
+from .floors import MIN_WEIGHT, PROB_FLOOR
+
+
+def floor_probs(p: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Probabilities lifted to ``PROB_FLOOR`` and renormalized (see ``models.floors``)."""
+    p = np.maximum(p, PROB_FLOOR)
+    return p / p.sum(axis=axis, keepdims=True)
+
+
+class Categorical(Leaf):
+    family = "Categorical"
+    spec_fields = ("probs",)
+
+    def __init__(self, probs):
+        self.probs = as_float_array(probs, "probs", self.family, 1)
+        check_probs(self.probs, "probs", self.family)
+        with np.errstate(divide="ignore"):
+            self._logp = np.log(self.probs)
+
+    @property
+    def n_values(self):
+        return self.probs.size
+
+    def params(self):
+        return {"probs": self.probs}
+
+    @classmethod
+    def _from_spec(cls, spec):
+        return cls(spec_field(spec, "probs", cls.family))
+
+    def describe(self):
+        return f"Categorical V={self.n_values}"
+
+    def data_type(self):
+        return "int"
+
+    def _prepare(self, data, where):
+        x = int_column(data, where, self.family)
+        if x.size and (x.min() < 0 or x.max() >= self.n_values):
+            bad = x[(x < 0) | (x >= self.n_values)][0]
+            raise DataError(f"{where}: Categorical value {int(bad)} is outside its support 0..{self.n_values - 1}")
+        return x
+
+    def _log_density(self, x):
+        return self._logp[x]
+
+    def _accumulate(self, x, w):
+        return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64),)
+
+    @classmethod
+    def _batch_log_density(cls, leaves, x):
+        if len({c.n_values for c in leaves}) == 1:
+            return np.stack([c._logp for c in leaves])[:, x]
+        return super()._batch_log_density(leaves, x)
+
+    def _estimate(self, own, children):
+        (counts,) = own
+        total = counts.sum()
+        if total < MIN_WEIGHT:
+            return self
+        return Categorical(floor_probs(counts / total))
+
+    def _sample(self, n, rng):
+        return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)
+
+    def cost(self):
+        v = self.n_values
+        return NodeCost(flops_per_row=6.0, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)

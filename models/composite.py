@@ -1,0 +1,76 @@
+"""Composite: a record whose fields are independent children."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Internal, Node, spec_field
+from .cost import NodeCost
+from .data import n_rows
+from .errors import DataError, ModelError
+
+
+class Composite(Internal):
+    """A record: data is a tuple with one column per child; the density is their product."""
+
+    family = "Composite"
+    spec_fields = ("children",)
+    has_own_stats = False
+
+    def __init__(self, children):
+        children = tuple(children)
+        if not children:
+            raise ModelError("Composite.children must hold at least one node, got 0")
+        for i, c in enumerate(children):
+            if not isinstance(c, Node):
+                raise ModelError(f"Composite.children[{i}] must be a model node, got {type(c).__name__}")
+        self.children = children
+
+    @classmethod
+    def _from_spec(cls, spec):
+        from .spec import from_spec
+
+        return cls([from_spec(c) for c in spec_field(spec, "children", cls.family)])
+
+    def to_spec(self):
+        return {"family": self.family, "children": [c.to_spec() for c in self.children]}
+
+    def describe(self):
+        return f"Composite of {len(self.children)}"
+
+    def data_type(self):
+        return "(" + ", ".join(c.data_type() for c in self.children) + ")"
+
+    def _prepare(self, data, where):
+        if not isinstance(data, (tuple, list)):
+            raise DataError(f"{where}: Composite expects a tuple of {len(self.children)} columns, got {type(data).__name__}")
+        if len(data) != len(self.children):
+            raise DataError(f"{where}: Composite expects {len(self.children)} fields, got {len(data)}")
+        cols = tuple(c._prepare(d, f"{where}[{i}]") for i, (c, d) in enumerate(zip(self.children, data)))
+        rows = [n_rows(c) for c in cols]
+        if len(set(rows)) > 1:
+            raise DataError(f"{where}: Composite fields must have equal row counts, got {rows}")
+        return cols
+
+    def _child_data(self, data, i):
+        return data[i]
+
+    def _combine(self, data, child_lds):
+        total = np.array(child_lds[0], dtype=np.float64, copy=True)
+        for ld in child_lds[1:]:
+            total += ld
+        return total, None
+
+    def _split(self, data, w, child_lds, ld, aux):
+        return [w] * len(self.children), ()
+
+    def _estimate(self, own, children):
+        return Composite(children)
+
+    def _sample(self, n, rng):
+        return tuple(c._sample(n, rng) for c in self.children)
+
+    def cost(self):
+        c = len(self.children)
+        return NodeCost(flops_per_row=float(c), param_bytes=0, stat_bytes=0, data_bytes_per_row=0.0,
+                        coupling_bytes_per_row=8.0 * c, work_bytes_per_row=8.0 * c)

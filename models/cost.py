@@ -1,0 +1,148 @@
+"""Analytic per-row costs of the model tree: what the planner consumes.
+
+Each node reports its *own* cost per row of its own data (children excluded):
+FLOPs of the E-step and statistic folding, parameter and statistic bytes, data and
+working-array bytes per row, and the bytes that cross model shards per row when its
+children are split. :func:`tree_costs` rescales every node to rows of the root
+(a node under a ``Sequence`` of mean length 20 sees 20 of its rows per root row).
+
+Coupling convention (the executors implement exactly this): when a node's subtree is
+split across shards, every child subtree held whole by one shard ships its log density,
+one float64 per row of that child, to the other shards of the replica. So the bytes per
+root row are ``8 * rows_per_root_row`` summed over the *owned roots* (unsplit nodes whose
+parent is split); see :func:`coupling_bytes_per_row`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from .base import Node
+
+#: Pickle overhead of one numpy array inside a statistics dict (header, dtype, shape).
+PICKLE_ARRAY_OVERHEAD = 150
+#: Pickle overhead of one node entry (path key, tuple) and of a float scalar.
+PICKLE_ENTRY_OVERHEAD = 24
+PICKLE_SCALAR = 9
+#: Bytes one owned-root log density puts on the wire per row of that node.
+COUPLING_BYTES = 8
+
+
+class NodeCost(BaseModel):
+    """A node's own cost, per row of its own data."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    flops_per_row: float
+    param_bytes: int
+    stat_bytes: int
+    data_bytes_per_row: float
+    coupling_bytes_per_row: float
+    work_bytes_per_row: float
+
+
+def stat_bytes(*, arrays: list[int] = (), scalars: int = 0) -> int:
+    """Pickled size of one node's own statistics: arrays given by element count (float64)."""
+    return (
+        PICKLE_ENTRY_OVERHEAD
+        + sum(8 * n + PICKLE_ARRAY_OVERHEAD for n in arrays)
+        + scalars * PICKLE_SCALAR
+    )
+
+
+@dataclass(frozen=True)
+class PlacedCost:
+    """One node's cost rescaled to rows of the root."""
+
+    path: str
+    family: str
+    description: str
+    is_leaf: bool
+    rows_per_root_row: float
+    flops_per_row: float  # own FLOPs per root row
+    param_bytes: int
+    stat_bytes: int
+    data_bytes_per_row: float  # per root row
+    work_bytes_per_row: float  # per root row
+    owned_root_coupling_bytes_per_row: float  # shipped per root row when this node is an owned root
+
+
+def tree_costs(model: "Node") -> list[PlacedCost]:
+    """Every node's cost per root row, in pre-order."""
+    out: list[PlacedCost] = []
+
+    def walk(node, path, mult):
+        c = node.cost()
+        out.append(
+            PlacedCost(
+                path=path,
+                family=node.family,
+                description=node.describe(),
+                is_leaf=node.is_leaf,
+                rows_per_root_row=mult,
+                flops_per_row=c.flops_per_row * mult,
+                param_bytes=c.param_bytes,
+                stat_bytes=c.stat_bytes,
+                data_bytes_per_row=c.data_bytes_per_row * mult,
+                work_bytes_per_row=c.work_bytes_per_row * mult,
+                owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
+            )
+        )
+        from .base import child_path
+
+        for i, ch in enumerate(node.children):
+            walk(ch, child_path(path, i), mult * node.child_rows(i))
+
+    walk(model, "", 1.0)
+    return out
+
+
+def leaf_paths_under(model: "Node", path: str) -> list[str]:
+    return [p for p, _ in model.leaves() if p == path or p.startswith(path + ".") or path == ""]
+
+
+def split_nodes(model: "Node", shard_of_leaf: dict[str, int]) -> set[str]:
+    """Paths of internal nodes whose leaves lie on more than one shard."""
+    shards: dict[str, set[int]] = {}
+    for path, node in reversed(model.nodes()):
+        if node.is_leaf:
+            shards[path] = {shard_of_leaf[path]}
+        else:
+            from .base import child_path
+
+            s: set[int] = set()
+            for i in range(len(node.children)):
+                s |= shards[child_path(path, i)]
+            shards[path] = s
+    return {p for p, s in shards.items() if len(s) > 1}
+
+
+def owned_roots(model: "Node", shard_of_leaf: dict[str, int]) -> dict[str, int]:
+    """The maximal unsplit subtrees: ``{path: shard}``; just ``{"": s}`` when nothing is split."""
+    split = split_nodes(model, shard_of_leaf)
+    if not split:
+        return {"": shard_of_leaf[model.leaves()[0][0]]}
+    out = {}
+    for path, node in model.nodes():
+        parent = path.rsplit(".", 1)[0] if "." in path else ("" if path else None)
+        if path not in split and parent is not None and parent in split:
+            out[path] = shard_of_leaf[leaf_paths_under(model, path)[0]]
+    return out
+
+
+def coupling_bytes_per_row(model: "Node", shard_of_leaf: dict[str, int]) -> float:
+    """Bytes per root row the owned roots ship to the other shards of their replica."""
+    roots = owned_roots(model, shard_of_leaf)
+    if list(roots) == [""]:
+        return 0.0
+    mult = {c.path: c.rows_per_root_row for c in tree_costs(model)}
+    return float(sum(COUPLING_BYTES * mult[p] for p in roots))
+
+
+def ceil_log2(m: int) -> int:
+    return max(0, math.ceil(math.log2(m))) if m > 1 else 0

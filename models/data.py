@@ -1,0 +1,160 @@
+"""The columnar data encoding shared by every node.
+
+- A scalar leaf's data is a 1-D array (float64 for Gaussian/Exponential, int64 for
+  Categorical/Poisson); a vector leaf's is a 2-D ``(n, d)`` float64 array.
+- A ``Composite``'s data is a tuple with one entry per field, each that field's data.
+- A ``Sequence``'s or ``HMM``'s data is a :class:`Ragged`: ``values`` is the child's data for
+  all positions of all rows laid end to end, ``offsets`` (int64, length ``n + 1``, starting at
+  0, non-decreasing) says row ``i`` holds positions ``offsets[i]:offsets[i + 1]``.
+
+Every helper here works on any nesting of these, so executors can slice rows without
+knowing the model. ``None`` stands for a column a model shard does not hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from .errors import DataError
+
+
+@dataclass(frozen=True, eq=False)
+class Ragged:
+    """Variable-length rows: child data for all positions plus row offsets."""
+
+    values: "Data"
+    offsets: np.ndarray
+
+    def __post_init__(self):
+        offsets = np.asarray(self.offsets)
+        if offsets.ndim != 1 or offsets.size < 1:
+            raise DataError(f"Ragged.offsets must be a 1-D array of length n+1, got shape {offsets.shape}")
+        if offsets.dtype.kind not in "iu":
+            raise DataError(f"Ragged.offsets must be integers, got dtype {offsets.dtype}")
+        offsets = offsets.astype(np.int64, copy=False)
+        if offsets[0] != 0:
+            raise DataError(f"Ragged.offsets must start at 0, got {int(offsets[0])}")
+        if np.any(np.diff(offsets) < 0):
+            bad = int(np.argmax(np.diff(offsets) < 0))
+            raise DataError(f"Ragged.offsets must be non-decreasing; row {bad} has negative length")
+        object.__setattr__(self, "offsets", offsets)
+        if self.values is not None:
+            n_pos = n_rows(self.values)
+            if n_pos != offsets[-1]:
+                raise DataError(
+                    f"Ragged.offsets end at {int(offsets[-1])} but values hold {n_pos} positions"
+                )
+
+    @classmethod
+    def from_rows(cls, rows) -> "Ragged":
+        """Builds from a list of per-row arrays (each that row's positions)."""
+        rows = list(rows)
+        lengths = np.array([n_rows(r) for r in rows], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        if rows:
+            values = concat_rows(rows)
+        else:
+            values = np.zeros(0)
+        return cls(values, offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def row_ids(self) -> np.ndarray:
+        """For every position, the index of the row it belongs to."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)
+
+    def segment_sum(self, per_position: np.ndarray) -> np.ndarray:
+        """Sums a per-position array within each row (0 for empty rows)."""
+        csum = np.concatenate([[0.0], np.cumsum(per_position, dtype=np.float64)])
+        return csum[self.offsets[1:]] - csum[self.offsets[:-1]]
+
+    def __getitem__(self, i: int):
+        return take_rows(self.values, int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+Data = Union[np.ndarray, tuple, Ragged, None]
+
+
+def n_rows(data: Data) -> int:
+    """Number of rows of any encoded data (-1 for a column that is not held)."""
+    if data is None:
+        return -1
+    if isinstance(data, Ragged):
+        return len(data)
+    if isinstance(data, tuple):
+        counts = [n_rows(c) for c in data if c is not None]
+        for c in counts:
+            if c >= 0:
+                return c
+        return -1
+    return int(data.shape[0])
+
+
+def take_rows(data: Data, start: int, stop: int) -> Data:
+    """Rows ``start:stop`` as views where possible."""
+    if data is None:
+        return None
+    if isinstance(data, tuple):
+        return tuple(take_rows(c, start, stop) for c in data)
+    if isinstance(data, Ragged):
+        a, b = int(data.offsets[start]), int(data.offsets[stop])
+        vals = take_rows(data.values, a, b)
+        return _ragged_unchecked(vals, data.offsets[start : stop + 1] - a)
+    return data[start:stop]
+
+
+def take_index(data: Data, index: np.ndarray) -> Data:
+    """Rows in the order of an integer index array."""
+    index = np.asarray(index, dtype=np.int64)
+    if data is None:
+        return None
+    if isinstance(data, tuple):
+        return tuple(take_index(c, index) for c in data)
+    if isinstance(data, Ragged):
+        lengths = data.lengths[index]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        starts = data.offsets[:-1][index]
+        pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return _ragged_unchecked(take_index(data.values, pos), offsets)
+    return data[index]
+
+
+def concat_rows(parts: list) -> Data:
+    """Rows of several encoded datasets of one type, one after another."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, tuple):
+        return tuple(concat_rows([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, Ragged):
+        values = concat_rows([p.values for p in parts])
+        shift = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shift)])
+        return _ragged_unchecked(values, offsets.astype(np.int64))
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def nbytes(data: Data) -> int:
+    """Bytes held by encoded data (offsets included)."""
+    if data is None:
+        return 0
+    if isinstance(data, tuple):
+        return sum(nbytes(c) for c in data)
+    if isinstance(data, Ragged):
+        return nbytes(data.values) + data.offsets.nbytes
+    return int(data.nbytes)
+
+
+def _ragged_unchecked(values: Data, offsets: np.ndarray) -> Ragged:
+    r = object.__new__(Ragged)
+    object.__setattr__(r, "values", values)
+    object.__setattr__(r, "offsets", offsets)
+    return r

@@ -1,0 +1,194 @@
+"""The two passes of one E-step over a model tree, shared by every executor.
+
+*Upward*: each node's log density per row from its children's (leaves from data).
+*Downward*: each node turns its row weights into its children's row weights and folds its
+own sufficient statistics. Sibling leaves of one family under a mixture or HMM go through
+their family's batched matrix kernels.
+
+The same passes run on a model shard: a shard evaluates the subtrees it owns, the shards
+of a replica exchange those subtrees' log densities (the coupling), every shard evaluates
+the nodes above the owned subtrees from them, then each shard folds statistics for what it
+owns (the first shard also for the nodes above). With one shard owning the root this is
+exactly the single-process E-step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .base import Node, child_path
+from .cost import tree_costs
+from .data import Data, n_rows, take_rows
+from .stats import Stats
+
+#: Working-array budget of one row block; blocks are reused across iterations.
+BLOCK_BYTES = 48 * 2**20
+MIN_BLOCK_ROWS = 256
+MAX_BLOCK_ROWS = 1 << 16
+
+
+def block_rows(model: Node) -> int:
+    """Rows per block so that one block's working arrays stay near ``BLOCK_BYTES``."""
+    per_row = sum(c.work_bytes_per_row for c in tree_costs(model))
+    return int(np.clip(BLOCK_BYTES // max(per_row, 1.0), MIN_BLOCK_ROWS, MAX_BLOCK_ROWS))
+
+
+def _batch_family(node: Node, path: str, frontier) -> type | None:
+    """The leaf class when all children are leaves of one class evaluated here, else None."""
+    if not node.shares_child_data or len(node.children) < 2:
+        return None
+    cls = type(node.children[0])
+    if not all(type(c) is cls and c.is_leaf for c in node.children):
+        return None
+    if frontier and any(child_path(path, i) in frontier for i in range(len(node.children))):
+        return None
+    return cls
+
+
+class _Pass:
+    """Caches of one block's upward pass, consumed by the downward pass."""
+
+    def __init__(self, frontier: dict[str, np.ndarray] | None = None):
+        self.frontier = frontier or {}
+        self.ld: dict[str, np.ndarray] = {}
+        self.aux: dict[str, tuple] = {}
+
+    def up(self, node: Node, data: Data, path: str) -> np.ndarray:
+        if path in self.frontier:
+            ld = self.frontier[path]
+        elif node.is_leaf:
+            ld = node._log_density(data)
+        else:
+            cls = _batch_family(node, path, self.frontier)
+            if cls is not None:
+                child_lds = cls._batch_log_density(node.children, node._child_data(data, 0))
+            else:
+                child_lds = [self.up(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
+            ld, aux = node._combine(data, child_lds)
+            self.aux[path] = (child_lds, aux, cls)
+        self.ld[path] = ld
+        return ld
+
+    def down(self, node: Node, data: Data, w: np.ndarray, path: str, out: dict, *,
+             stop: frozenset = frozenset(), reached: dict | None = None, own_stats: bool = True) -> None:
+        if path in stop:
+            reached[path] = w
+            return
+        if node.is_leaf:
+            out[path] = node._accumulate(data, w)
+            return
+        child_lds, aux, cls = self.aux[path]
+        child_ws, own = node._split(data, w, child_lds, self.ld[path], aux)
+        if own_stats and node.has_own_stats:
+            out[path] = own
+        if cls is not None:
+            cd = node._child_data(data, 0)
+            for i, s in enumerate(cls._batch_accumulate(node.children, cd, np.asarray(child_ws))):
+                out[child_path(path, i)] = s
+            return
+        for i, c in enumerate(node.children):
+            self.down(c, node._child_data(data, i), child_ws[i], child_path(path, i), out,
+                      stop=stop, reached=reached, own_stats=own_stats)
+
+
+def subtree_data(model: Node, data: Data, path: str) -> Data:
+    """The data a subtree reads (for a node under a sequence: one entry per position)."""
+    node = model
+    if path:
+        for part in path.split("."):
+            data = node._child_data(data, int(part))
+            node = node.children[int(part)]
+    return data
+
+
+def restrict_data(model: Node, data: Data, keep_leaves: set[str], path: str = "") -> Data:
+    """``data`` with the columns of leaves outside ``keep_leaves`` replaced by None.
+
+    Sequence offsets are kept: every shard needs them to evaluate the nodes above its
+    subtrees.
+    """
+    from .data import Ragged, _ragged_unchecked
+
+    if model.is_leaf:
+        return data if path in keep_leaves else None
+    if not any(p == path or path == "" or p.startswith(path + ".") for p in keep_leaves):
+        if isinstance(data, Ragged):
+            return _ragged_unchecked(None, data.offsets)
+        return None
+    if isinstance(data, tuple):
+        return tuple(restrict_data(c, d, keep_leaves, child_path(path, i)) for i, (c, d) in enumerate(zip(model.children, data)))
+    if isinstance(data, Ragged):
+        vals = restrict_data_shared(model, data.values, keep_leaves, path)
+        return _ragged_unchecked(vals, data.offsets)
+    return restrict_data_shared(model, data, keep_leaves, path)
+
+
+def restrict_data_shared(model: Node, data: Data, keep: set[str], path: str) -> Data:
+    """For nodes whose children all read the same data (mixture, HMM, sequence)."""
+    parts = [restrict_data(c, data, keep, child_path(path, i)) for i, c in enumerate(model.children)]
+    held = [p for p in parts if p is not None]
+    return held[0] if held else None
+
+
+def shard_block(model: Node, data: Data, w: np.ndarray, owned: Sequence[str],
+                exchange: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+                first_shard: bool) -> tuple[dict, float]:
+    """One block of rows on one model shard: own stats dict and its log-likelihood share.
+
+    ``owned`` are this shard's owned-root paths; ``exchange`` sends their per-row log
+    densities to the other shards of the replica and returns every owned root's. The
+    log-likelihood is returned by the first shard only, so a sum over workers counts
+    every row once.
+    """
+    out: dict = {}
+    if list(owned) == [""]:
+        p = _Pass()
+        ld = p.up(model, data, "")
+        p.down(model, data, w, "", out)
+        return out, float(w @ ld)
+    passes = {}
+    mine = {}
+    for r in owned:
+        p = _Pass()
+        mine[r] = p.up(model.node_at(r), subtree_data(model, data, r), r)
+        passes[r] = p
+    every = exchange(mine)
+    upper = _Pass(frontier=every)
+    ld = upper.up(model, data, "")
+    reached: dict = {}
+    upper.down(model, data, w, "", out, stop=frozenset(every), reached=reached, own_stats=first_shard)
+    for r in owned:
+        passes[r].down(model.node_at(r), subtree_data(model, data, r), reached[r], r, out)
+    return out, (float(w @ ld) if first_shard else 0.0)
+
+
+def e_step(model: Node, data: Data, w: np.ndarray | None = None, *, rows_per_block: int | None = None) -> tuple[Stats, float]:
+    """Statistics and weighted log-likelihood of prepared data, block by block."""
+    n = n_rows(data)
+    w = np.ones(n) if w is None else w
+    step = rows_per_block or block_rows(model)
+    total: Stats | None = None
+    ll = 0.0
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        out, part = shard_block(model, take_rows(data, a, b), w[a:b], [""], lambda x: x, True)
+        total = Stats(out) if total is None else total + Stats(out)
+        ll += part
+    return total, ll
+
+
+def log_density(model: Node, data: Data) -> np.ndarray:
+    """Per-row log density of prepared data."""
+    return _Pass().up(model, data, "")
+
+
+def accumulate(model: Node, data: Data, w: np.ndarray) -> Stats:
+    return e_step(model, data, w)[0]
+
+
+def em_step(model: Node, data: Data, w: np.ndarray | None = None) -> tuple[Node, float]:
+    """One EM iteration on prepared data: ``(new model, log-likelihood of the old one)``."""
+    stats, ll = e_step(model, data, w)
+    return model.estimate(stats), ll

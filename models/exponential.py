@@ -1,0 +1,64 @@
+"""Exponential leaf: a float ``>= 0`` per row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Leaf, as_float_array, check_positive, float_column, spec_field
+from .cost import NodeCost, stat_bytes
+from .errors import DataError
+from .floors import MIN_WEIGHT, RATE_FLOOR
+
+
+class Exponential(Leaf):
+    family = "Exponential"
+    spec_fields = ("rate",)
+
+    def __init__(self, rate):
+        self.rate = as_float_array(rate, "rate", self.family, 0)
+        check_positive(self.rate, "rate", self.family)
+
+    def params(self):
+        return {"rate": self.rate}
+
+    @classmethod
+    def _from_spec(cls, spec):
+        return cls(spec_field(spec, "rate", cls.family))
+
+    def data_type(self):
+        return "float"
+
+    def _prepare(self, data, where):
+        x = float_column(data, where, self.family)
+        if x.size and x.min() < 0:
+            raise DataError(f"{where}: Exponential data must be >= 0, got {float(x.min())}")
+        return x
+
+    def _log_density(self, x):
+        return np.log(self.rate) - self.rate * x
+
+    def _accumulate(self, x, w):
+        return (float(w.sum()), float(w @ x))
+
+    @classmethod
+    def _batch_log_density(cls, leaves, x):
+        rate = np.array([p.rate for p in leaves])[:, None]
+        return np.log(rate) - rate * x[None, :]
+
+    @classmethod
+    def _batch_accumulate(cls, leaves, x, W):
+        sw, sx = W.sum(axis=1), W @ x
+        return [(float(a), float(b)) for a, b in zip(sw, sx)]
+
+    def _estimate(self, own, children):
+        sw, sx = own
+        if sw < MIN_WEIGHT:
+            return self
+        return Exponential(1.0 / max(sx / sw, RATE_FLOOR))
+
+    def _sample(self, n, rng):
+        return rng.exponential(1.0 / float(self.rate), size=n)
+
+    def cost(self):
+        return NodeCost(flops_per_row=6.0, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)

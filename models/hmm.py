@@ -1,0 +1,178 @@
+"""Hidden Markov model over variable-length sequences, vectorized across sequences.
+
+Forward-backward runs scaled (per-position normalizers), with emission log densities
+shifted by their per-position maximum before ``exp``; the loop runs over time steps, each
+step a matrix operation over every sequence still active at that step (sequences are
+sorted by length once per block, so the active ones are a prefix).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Internal, Node, as_float_array, check_positive, check_probs, spec_field
+from .categorical import floor_probs
+from .cost import NodeCost, stat_bytes
+from .data import Ragged
+from .errors import ModelError
+from .floors import LOG_CLAMP, MIN_WEIGHT
+from .mixture import check_same_type, sample_by_label
+from .sequence import DEFAULT_MEAN_LENGTH, prepare_ragged
+
+_TINY = 1e-300
+
+
+class _Schedule:
+    """Row order by decreasing length and, per step t, how many rows are longer than t."""
+
+    def __init__(self, data: Ragged):
+        lengths = data.lengths
+        self.order = np.argsort(-lengths, kind="stable")
+        sorted_len = lengths[self.order]
+        self.starts = data.offsets[:-1][self.order]
+        self.t_max = int(sorted_len[0]) if sorted_len.size else 0
+        self.active = np.searchsorted(-sorted_len, -np.arange(self.t_max), side="left")
+
+    def positions(self, t: int) -> np.ndarray:
+        return self.starts[: self.active[t]] + t
+
+
+class HMM(Internal):
+    """Hidden states over a sequence; state ``k`` emits through ``emissions[k]``."""
+
+    family = "HMM"
+    spec_fields = ("emissions", "transitions", "initial", "mean_length")
+    has_own_stats = True
+    shares_child_data = True
+
+    def __init__(self, emissions, transitions, initial, mean_length: float = DEFAULT_MEAN_LENGTH):
+        emissions = tuple(emissions)
+        if not emissions:
+            raise ModelError("HMM.emissions must hold at least one state, got 0")
+        for i, c in enumerate(emissions):
+            if not isinstance(c, Node):
+                raise ModelError(f"HMM.emissions[{i}] must be a model node, got {type(c).__name__}")
+        check_same_type(emissions, self.family, "emissions")
+        k = len(emissions)
+        self.transitions = as_float_array(transitions, "transitions", self.family, 2)
+        if self.transitions.shape != (k, k):
+            raise ModelError(f"HMM.transitions must have shape ({k}, {k}), got {self.transitions.shape}")
+        check_probs(self.transitions, "transitions", self.family, axis=1)
+        self.initial = as_float_array(initial, "initial", self.family, 1)
+        if self.initial.shape != (k,):
+            raise ModelError(f"HMM.initial must have shape ({k},), got {self.initial.shape}")
+        check_probs(self.initial, "initial", self.family)
+        self.mean_length = as_float_array(mean_length, "mean_length", self.family, 0)
+        check_positive(self.mean_length, "mean_length", self.family)
+        self.children = emissions
+
+    @property
+    def emissions(self):
+        return self.children
+
+    @property
+    def n_states(self):
+        return len(self.children)
+
+    def child_rows(self, i):
+        return float(self.mean_length)
+
+    def params(self):
+        return {"transitions": self.transitions, "initial": self.initial, "mean_length": self.mean_length}
+
+    @classmethod
+    def _from_spec(cls, spec):
+        from .spec import from_spec
+
+        ems = [from_spec(c) for c in spec_field(spec, "emissions", cls.family)]
+        return cls(ems, spec_field(spec, "transitions", cls.family), spec_field(spec, "initial", cls.family),
+                   spec.get("mean_length", DEFAULT_MEAN_LENGTH))
+
+    def to_spec(self):
+        return {"family": self.family, "emissions": [c.to_spec() for c in self.children],
+                "transitions": self.transitions.tolist(), "initial": self.initial.tolist(),
+                "mean_length": float(self.mean_length)}
+
+    def describe(self):
+        return f"HMM K={self.n_states} L~{float(self.mean_length):.3g}"
+
+    def data_type(self):
+        return f"seq<{self.children[0].data_type()}>"
+
+    def _prepare(self, data, where):
+        return prepare_ragged(data, self.children[0], where, self.family)
+
+    def _child_data(self, data, i):
+        return data.values
+
+    def _combine(self, data, child_lds):
+        B = np.array(child_lds, dtype=np.float64).T.copy()  # (positions, K)
+        m = B.max(axis=1)
+        m = np.where(np.isfinite(m), m, 0.0)
+        B -= m[:, None]
+        np.maximum(B, LOG_CLAMP, out=B)
+        np.exp(B, out=B)
+        sched = _Schedule(data)
+        alpha = np.empty_like(B)
+        c = np.ones(B.shape[0])
+        A = self.transitions
+        for t in range(sched.t_max):
+            idx = sched.positions(t)
+            a = (self.initial * B[idx]) if t == 0 else (alpha[idx - 1] @ A) * B[idx]
+            s = np.maximum(a.sum(axis=1), _TINY)
+            alpha[idx] = a / s[:, None]
+            c[idx] = s
+        ld = data.segment_sum(np.log(c) + m)
+        return ld, (B, alpha, c, sched)
+
+    def _split(self, data, w, child_lds, ld, aux):
+        B, alpha, c, sched = aux
+        A = self.transitions
+        k = self.n_states
+        beta = np.ones_like(B)
+        wpos = np.repeat(w, data.lengths)
+        xi = np.zeros((k, k))
+        for t in range(sched.t_max - 1, 0, -1):
+            idx = sched.positions(t)
+            G = B[idx] * beta[idx] / c[idx][:, None]
+            beta[idx - 1] = G @ A.T
+            xi += alpha[idx - 1].T @ (G * wpos[idx][:, None])
+        xi *= A
+        gamma = alpha * beta
+        gamma *= wpos[:, None]
+        first = data.offsets[:-1][data.lengths > 0]
+        init = gamma[first].sum(axis=0)
+        W = np.ascontiguousarray(gamma.T)
+        return W, (init, xi, float(w.sum()), float(w @ data.lengths))
+
+    def _estimate(self, own, children):
+        init, xi, sw, slen = own
+        initial = self.initial if init.sum() < MIN_WEIGHT else floor_probs(init / init.sum())
+        rows = xi.sum(axis=1, keepdims=True)
+        fitted = floor_probs(xi / np.where(rows > 0, rows, 1.0), axis=1)
+        transitions = np.where(rows >= MIN_WEIGHT, fitted, self.transitions)
+        mean_length = self.mean_length if sw < MIN_WEIGHT or slen <= 0 else slen / sw
+        return HMM(children, transitions, initial, mean_length)
+
+    def _sample(self, n, rng):
+        lengths = rng.poisson(float(self.mean_length), size=n)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        data = Ragged(np.zeros(int(offsets[-1])), offsets)
+        sched = _Schedule(data)
+        states = np.empty(int(offsets[-1]), dtype=np.int64)
+        cum_init = np.cumsum(self.initial)
+        cum_trans = np.cumsum(self.transitions, axis=1)
+        k = self.n_states
+        for t in range(sched.t_max):
+            idx = sched.positions(t)
+            u = rng.random(idx.size)
+            cum = cum_init[None, :] if t == 0 else cum_trans[states[idx - 1]]
+            states[idx] = np.minimum((u[:, None] >= cum).sum(axis=1), k - 1)
+        return Ragged(sample_by_label(self.children, states, rng), offsets)
+
+    def cost(self):
+        k, L = self.n_states, float(self.mean_length)
+        per_pos = 7.0 * k * k + 25.0 * k + 4
+        return NodeCost(flops_per_row=per_pos * L + 4, param_bytes=8 * (k * k + k + 1),
+                        stat_bytes=stat_bytes(arrays=[k, k * k], scalars=2), data_bytes_per_row=8.0,
+                        coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(32.0 * k + 16) * L + 16)

@@ -1,0 +1,126 @@
+"""Mixture: a weighted choice among components that read the same data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Internal, Node, as_float_array, check_probs, spec_field
+from .categorical import floor_probs
+from .cost import NodeCost, stat_bytes
+from .data import concat_rows, take_index
+from .errors import ModelError
+from .floors import LOG_CLAMP, MIN_WEIGHT
+
+
+def check_same_type(children, family, field):
+    types = [c.data_type() for c in children]
+    for i, t in enumerate(types[1:], 1):
+        if t != types[0]:
+            raise ModelError(
+                f"{family}.{field} must share one data type; {field}[0] reads {types[0]}, {field}[{i}] reads {t}"
+            )
+
+
+def sample_by_label(children, labels: np.ndarray, rng: np.random.Generator):
+    """Data for rows whose generating child is ``labels[row]``, in row order."""
+    order = np.argsort(labels, kind="stable")
+    counts = np.bincount(labels, minlength=len(children))
+    parts = [children[k]._sample(int(counts[k]), rng) for k in range(len(children))]
+    stacked = concat_rows(parts)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return take_index(stacked, inverse)
+
+
+def log_softmax_parts(A: np.ndarray):
+    """For a ``(K, n)`` array of logs: ``(logsumexp over K, exp(A - max), sum)``, no subnormals."""
+    m = A.max(axis=0)
+    m = np.where(np.isfinite(m), m, 0.0)
+    E = A - m
+    np.maximum(E, LOG_CLAMP, out=E)
+    np.exp(E, out=E)
+    s = E.sum(axis=0)
+    with np.errstate(divide="ignore"):
+        return m + np.log(s), E, s
+
+
+class Mixture(Internal):
+    """``p(x) = sum_k weights[k] * components[k](x)``."""
+
+    family = "Mixture"
+    spec_fields = ("components", "weights")
+    has_own_stats = True
+    shares_child_data = True
+
+    def __init__(self, components, weights):
+        components = tuple(components)
+        if not components:
+            raise ModelError("Mixture.components must hold at least one component, got 0")
+        for i, c in enumerate(components):
+            if not isinstance(c, Node):
+                raise ModelError(f"Mixture.components[{i}] must be a model node, got {type(c).__name__}")
+        check_same_type(components, self.family, "components")
+        self.weights = as_float_array(weights, "weights", self.family, 1)
+        if self.weights.shape != (len(components),):
+            raise ModelError(f"Mixture.weights must have shape ({len(components)},), got {self.weights.shape}")
+        check_probs(self.weights, "weights", self.family)
+        self.children = components
+        with np.errstate(divide="ignore"):
+            self._logw = np.log(self.weights)
+
+    @property
+    def components(self):
+        return self.children
+
+    def params(self):
+        return {"weights": self.weights}
+
+    @classmethod
+    def _from_spec(cls, spec):
+        from .spec import from_spec
+
+        comps = [from_spec(c) for c in spec_field(spec, "components", cls.family)]
+        return cls(comps, spec_field(spec, "weights", cls.family))
+
+    def to_spec(self):
+        return {"family": self.family, "components": [c.to_spec() for c in self.children],
+                "weights": self.weights.tolist()}
+
+    def describe(self):
+        return f"Mixture K={len(self.children)}"
+
+    def data_type(self):
+        return self.children[0].data_type()
+
+    def _prepare(self, data, where):
+        return self.children[0]._prepare(data, where)
+
+    def _child_data(self, data, i):
+        return data
+
+    def _combine(self, data, child_lds):
+        A = np.array(child_lds, dtype=np.float64)  # fresh (K, n)
+        A += self._logw[:, None]
+        ld, E, s = log_softmax_parts(A)
+        return ld, (E, s)
+
+    def _split(self, data, w, child_lds, ld, aux):
+        E, s = aux
+        scale = w / np.where(s > 0, s, 1.0)
+        E *= scale  # E now holds each component's row weights
+        return E, (E.sum(axis=1),)
+
+    def _estimate(self, own, children):
+        (counts,) = own
+        total = counts.sum()
+        weights = self.weights if total < MIN_WEIGHT else floor_probs(counts / total)
+        return Mixture(children, weights)
+
+    def _sample(self, n, rng):
+        labels = rng.choice(len(self.children), size=n, p=self.weights)
+        return sample_by_label(self.children, labels, rng)
+
+    def cost(self):
+        k = len(self.children)
+        return NodeCost(flops_per_row=20.0 * k + 5, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
+                        data_bytes_per_row=0.0, coupling_bytes_per_row=8.0 * k, work_bytes_per_row=24.0 * k + 16)

@@ -1,0 +1,65 @@
+"""Poisson leaf: a count ``>= 0`` per row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Leaf, as_float_array, check_positive, int_column, spec_field
+from .cost import NodeCost, stat_bytes
+from .errors import DataError
+from .floors import MIN_WEIGHT, RATE_FLOOR
+from .special import log_factorial
+
+
+class Poisson(Leaf):
+    family = "Poisson"
+    spec_fields = ("rate",)
+
+    def __init__(self, rate):
+        self.rate = as_float_array(rate, "rate", self.family, 0)
+        check_positive(self.rate, "rate", self.family)
+
+    def params(self):
+        return {"rate": self.rate}
+
+    @classmethod
+    def _from_spec(cls, spec):
+        return cls(spec_field(spec, "rate", cls.family))
+
+    def data_type(self):
+        return "int"
+
+    def _prepare(self, data, where):
+        x = int_column(data, where, self.family)
+        if x.size and x.min() < 0:
+            raise DataError(f"{where}: Poisson counts must be >= 0, got {int(x.min())}")
+        return x
+
+    def _log_density(self, x):
+        return x * np.log(self.rate) - self.rate - log_factorial(x)
+
+    def _accumulate(self, x, w):
+        return (float(w.sum()), float(w @ x))
+
+    @classmethod
+    def _batch_log_density(cls, leaves, x):
+        rate = np.array([p.rate for p in leaves])[:, None]
+        return x[None, :] * np.log(rate) - rate - log_factorial(x)[None, :]
+
+    @classmethod
+    def _batch_accumulate(cls, leaves, x, W):
+        sw, sx = W.sum(axis=1), W @ x.astype(np.float64)
+        return [(float(a), float(b)) for a, b in zip(sw, sx)]
+
+    def _estimate(self, own, children):
+        sw, sx = own
+        if sw < MIN_WEIGHT:
+            return self
+        return Poisson(max(sx / sw, RATE_FLOOR))
+
+    def _sample(self, n, rng):
+        return rng.poisson(float(self.rate), size=n).astype(np.int64)
+
+    def cost(self):
+        return NodeCost(flops_per_row=12.0, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)
