@@ -158,3 +158,37 @@ def _ragged_unchecked(values: Data, offsets: np.ndarray) -> Ragged:
     object.__setattr__(r, "values", values)
     object.__setattr__(r, "offsets", offsets)
     return r
+
+
+def flatten(data: Data, key: str = "x") -> dict[str, np.ndarray]:
+    """Named arrays for any encoded data: fields as ``key.i``, sequences as ``key.offsets``
+    and ``key.values``. This is the layout of ``.npz`` data files and per-column ``.npy``."""
+    if data is None:
+        return {}
+    if isinstance(data, tuple):
+        out = {}
+        for i, c in enumerate(data):
+            out.update(flatten(c, f"{key}.{i}"))
+        return out
+    if isinstance(data, Ragged):
+        out = {f"{key}.offsets": data.offsets}
+        out.update(flatten(data.values, f"{key}.values"))
+        return out
+    return {key: np.asarray(data)}
+
+
+def unflatten(arrays, key: str = "x") -> Data:
+    """Inverse of :func:`flatten` (``arrays`` is any mapping, e.g. an opened ``.npz``)."""
+    names = list(arrays.keys()) if not isinstance(arrays, dict) else list(arrays)
+    if key in names:
+        return arrays[key]
+    if f"{key}.offsets" in names:
+        return _ragged_unchecked(unflatten(arrays, f"{key}.values"), np.asarray(arrays[f"{key}.offsets"]))
+    fields = []
+    i = 0
+    while any(n == f"{key}.{i}" or n.startswith(f"{key}.{i}.") for n in names):
+        fields.append(unflatten(arrays, f"{key}.{i}"))
+        i += 1
+    if not fields:
+        raise DataError(f"data file has no array named {key!r} (has: {', '.join(sorted(names)[:8])})")
+    return tuple(fields)

@@ -1,0 +1,1 @@
+"""The ``emgrid`` command: config files, plan, fit, advise, demo."""

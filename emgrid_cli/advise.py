@@ -1,0 +1,110 @@
+"""``emgrid advise``: does distributing this fit help on this machine?
+
+Measures the model's compute per row here and each executor's fixed cost per iteration
+(a tiny model, many iterations), then predicts seconds per iteration for local and for
+each grid width: ``rows * seconds_per_row / workers + fixed overhead``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from models import Gaussian, e_step, n_rows, take_rows
+
+
+def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3) -> float:
+    rows = min(n_rows(data), budget_rows)
+    block = take_rows(data, 0, rows)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        e_step(model, block)
+        best = min(best, time.perf_counter() - t0)
+    return best / rows
+
+
+def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | None:
+    """Seconds per iteration of a tiny fit (a Gaussian on 64 rows) with ``workers`` workers."""
+    from executors import optimize
+    from planner import Resources, balance_plan
+
+    if kind == "mpi":
+        return _mpi_overhead(workers, iterations)
+    model = Gaussian(0.0, 1.0)
+    data = model.prepare(model.sample(64, np.random.default_rng(0)))
+    res = Resources.uniform(workers)
+    plan = balance_plan(model, res, n_data=64, grid=(workers, 1))
+    try:
+        optimize(data, model, plan=plan, executor=kind, max_iter=2, tol=0.0)  # start-up excluded
+        t0 = time.perf_counter()
+        optimize(data, model, plan=plan, executor=kind, max_iter=iterations, tol=0.0)
+        total = time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - an executor that cannot run here is reported as such
+        return None
+    return total / iterations
+
+
+_MPI_SCRIPT = textwrap.dedent("""
+    import time, numpy as np
+    from models import Gaussian
+    from planner import Resources, balance_plan
+    from executors import optimize
+    m = Gaussian(0.0, 1.0); d = m.prepare(m.sample(64, np.random.default_rng(0)))
+    from mpi4py import MPI
+    n = MPI.COMM_WORLD.Get_size()
+    plan = balance_plan(m, Resources.uniform(n), n_data=64, grid=(n, 1))
+    optimize(d, m, plan=plan, executor="mpi", max_iter=2, tol=0.0)
+    t0 = time.perf_counter(); optimize(d, m, plan=plan, executor="mpi", max_iter={it}, tol=0.0)
+    if MPI.COMM_WORLD.Get_rank() == 0: print((time.perf_counter() - t0) / {it})
+""")
+
+
+def _mpi_overhead(workers: int, iterations: int) -> float | None:
+    from pathlib import Path
+
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(workers), sys.executable, "-c",
+           _MPI_SCRIPT.replace("{it}", str(iterations))]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
+        return None
+
+
+def advise(cfg) -> str:
+    from .session import build_data, build_model, build_resources
+
+    model = build_model(cfg)
+    data = build_data(cfg, model)
+    n = n_rows(data)
+    per_row = seconds_per_row(model, data)
+    local = n * per_row
+    workers = max(2, build_resources(cfg).n_workers)
+    lines = [f"model: {model.describe()}, {n} rows; compute here {per_row * 1e6:.3f} us/row "
+             f"-> local {local:.4g} s/iter", "",
+             f"{'executor':<16} {'workers':>7} {'overhead/iter':>14} {'predicted s/iter':>17} {'speed-up':>9}"]
+    lines.append(f"{'local':<16} {1:>7} {'-':>14} {local:>17.4g} {1.0:>9.2f}")
+    best = ("local", 1, local)
+    for kind in ("multiprocessing", "mpi"):
+        for p in sorted({2, workers}):
+            over = executor_overhead(kind, p)
+            if over is None:
+                lines.append(f"{kind:<16} {p:>7} {'unavailable':>14}")
+                continue
+            pred = local / p + over
+            lines.append(f"{kind:<16} {p:>7} {over * 1e3:>11.3f} ms {pred:>17.4g} {local / pred:>9.2f}")
+            if pred < best[2]:
+                best = (kind, p, pred)
+    lines.append("")
+    if best[0] == "local":
+        lines.append("advice: stay local; the per-iteration overhead of every executor outweighs the compute it saves.")
+    else:
+        lines.append(f"advice: distribute with {best[0]} on {best[1]} workers: predicted {best[2]:.4g} s/iter "
+                     f"against {local:.4g} s/iter locally ({local / best[2]:.2f}x).")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""The TOML run configuration, read into pydantic models that reject unknown keys.
+
+```toml
+[model]              # spec = "model.json", or an inline spec table: [model.inline] family = ...
+[data]               # paths = ["x.npz"] | path = "x.npy" | synthetic = 10000 (sampled from `truth`, default the model)
+[resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi"
+[executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2
+[fit]                # max_iter, tol, seed, checkpoint_every, output
+[solver]             # time_limit_s, relative_gap, seed, num_workers
+```
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from models.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_memory(value) -> int:
+    """``"8GiB"``, ``"512 MB"``, ``"1.5g"`` or a number of bytes -> bytes (> 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory must be a size such as '8GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        n = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory must be a size such as '8GiB' or '512MB', got {value!r}")
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not n > 0:
+        raise ValueError(f"memory must be > 0, got {value!r}")
+    return int(n)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    spec: str | None = None
+    inline: dict | None = None
+
+
+class DataSection(_Strict):
+    path: str | None = None
+    paths: list[str] | None = None
+    synthetic: int | None = Field(default=None, gt=0)
+    seed: int = 0
+    truth: str | dict | None = None  # spec path or inline spec to sample synthetic rows from
+
+
+class ResourcesSection(_Strict):
+    workers: int | None = Field(default=None, ge=1)
+    memory: int | None = None
+    flops_per_s: float | None = Field(default=None, gt=0)
+    latency_s: float | None = Field(default=None, ge=0)
+    bytes_per_s: float | None = Field(default=None, gt=0)
+    detect: Literal["local", "mpi"] | None = None
+    file: str | None = None
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v):
+        return None if v is None else parse_memory(v)
+
+
+class ExecutorSection(_Strict):
+    kind: Literal["local", "multiprocessing", "mpi"] = "local"
+    processes: int | None = Field(default=None, ge=1)
+
+
+class FitSection(_Strict):
+    max_iter: int = Field(default=100, ge=1)
+    tol: float = Field(default=1e-6, ge=0)
+    seed: int = 0
+    checkpoint_every: int = Field(default=0, ge=0)
+    output: str = "emgrid-out"
+
+
+class SolverSection(_Strict):
+    time_limit_s: float | None = Field(default=None, gt=0)
+    relative_gap: float | None = Field(default=None, ge=0)
+    seed: int | None = None
+    num_workers: int | None = Field(default=None, ge=1)
+
+
+class RunConfig(_Strict):
+    model: ModelSection
+    data: DataSection
+    resources: ResourcesSection = ResourcesSection()
+    executor: ExecutorSection = ExecutorSection()
+    fit: FitSection = FitSection()
+    solver: SolverSection = SolverSection()
+    base_dir: str = "."  # folder relative paths are read from (the config's folder)
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """Best-effort line number of the key a pydantic error points at."""
+    section = None
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s.startswith("["):
+            section = s.strip("[] ").split(".")[0]
+        elif loc and section == str(loc[0]) and len(loc) > 1 and re.match(rf"{re.escape(str(loc[1]))}\s*=", s):
+            return i
+        elif loc and len(loc) == 1 and s.startswith(f"[{loc[0]}"):
+            return i
+    return None
+
+
+def load_config(path) -> RunConfig:
+    """Reads and validates a config file; every problem is one ConfigError line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {str(p)!r}: {e.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return parse_config(raw, text=text, name=str(p), base_dir=str(p.parent))
+
+
+def parse_config(raw: dict, *, text: str = "", name: str = "<config>", base_dir: str = ".") -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: a config must be a TOML table")
+    try:
+        cfg = RunConfig.model_validate({**raw, "base_dir": base_dir})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err["loc"])
+        where = ".".join(str(x) for x in loc) or "<root>"
+        line = _line_of(text, loc)
+        at = f" (line {line})" if line else ""
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {where!r}{at}"
+        elif err["type"] == "missing":
+            msg = f"missing required section or key {where!r}"
+        else:
+            msg = f"{where} = {err.get('input')!r}{at}: {err['msg']}"
+        raise ConfigError(f"{name}: {msg}") from None
+    if "base_dir" in raw:
+        raise ConfigError(f"{name}: unknown key 'base_dir'")
+    sources = [cfg.model.spec is not None, cfg.model.inline is not None]
+    if sum(sources) != 1:
+        raise ConfigError(f"{name}: [model] needs exactly one of 'spec' (a JSON file) or 'inline' (a spec table)")
+    data_sources = [cfg.data.path is not None, cfg.data.paths is not None, cfg.data.synthetic is not None]
+    if sum(data_sources) != 1:
+        raise ConfigError(f"{name}: [data] needs exactly one of 'path', 'paths' or 'synthetic'")
+    return cfg

@@ -1,0 +1,280 @@
+"""``emgrid``: plan and fit nested models by EM on a D x M worker grid.
+
+Exit codes: 0 done; 1 the fit did not converge within ``max_iter``; 2 bad input
+(config, model, data, resources); 3 the fit failed while running (a worker died, the
+statistics became non-finite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="emgrid", description=__doc__.split("\n")[0])
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def overrides(sp):
+        sp.add_argument("config", help="a TOML run configuration")
+        sp.add_argument("--workers", type=int, help="plan for this many workers")
+        sp.add_argument("--memory", help="memory per worker, e.g. 4GiB")
+        sp.add_argument("--flops", type=float, help="FLOP/s per worker")
+        sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi"], help="override [executor] kind")
+
+    sp = sub.add_parser("plan", help="print the balance plan for a config")
+    overrides(sp)
+    sp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    sp.add_argument("--picture", help="draw per-worker load and memory to this PNG (needs matplotlib)")
+
+    sp = sub.add_parser("fit", help="plan and fit")
+    overrides(sp)
+    sp.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+    sp.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    sp.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
+
+    sp = sub.add_parser("advise", help="measure and say whether distributing helps")
+    overrides(sp)
+
+    sp = sub.add_parser("demo", help="run a built-in heterogeneous example end to end")
+    sp.add_argument("--rows", type=int, default=20000)
+    sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi"], default="local")
+    sp.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _config(args):
+    from .config import RunConfig, load_config, parse_memory
+
+    cfg = load_config(args.config)
+    res = cfg.resources.model_dump()
+    if args.workers is not None:
+        res["workers"] = args.workers
+        res["detect"] = None
+    if args.memory is not None:
+        try:
+            res["memory"] = parse_memory(args.memory)
+        except ValueError as e:
+            from models.errors import ConfigError
+
+            raise ConfigError(f"--memory: {e}") from None
+    if args.flops is not None:
+        res["flops_per_s"] = args.flops
+    ex = cfg.executor.model_dump()
+    if args.executor:
+        ex["kind"] = args.executor
+    return RunConfig.model_validate({**cfg.model_dump(), "resources": res, "executor": ex})
+
+
+def _plan(cfg, model, n):
+    from planner import balance_plan
+
+    from .session import build_resources, build_solver
+
+    return balance_plan(model, build_resources(cfg), n_data=n, solver=build_solver(cfg))
+
+
+def cmd_plan(args) -> int:
+    from .report import plan_table
+    from .session import build_data, build_model
+
+    cfg = _config(args)
+    model = build_model(cfg)
+    n = cfg.data.synthetic if cfg.data.synthetic is not None else _n_rows(build_data(cfg, model))
+    plan = _plan(cfg, model, n)
+    if args.json:
+        print(plan.to_json(indent=1))
+    else:
+        print(plan_table(plan))
+    if args.picture:
+        from .picture import draw_plan
+
+        draw_plan(plan, args.picture)
+    return EXIT_OK
+
+
+def _n_rows(data):
+    from models import n_rows
+
+    return n_rows(data)
+
+
+def _under_mpiexec() -> bool:
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+
+
+def cmd_fit(args) -> int:
+    from .session import build_data, build_model
+
+    cfg = _config(args)
+    if cfg.executor.kind == "mpi" and not _under_mpiexec():
+        return _launch_mpi(args, cfg)
+    model = build_model(cfg)
+    data = build_data(cfg, model)
+    plan = _plan(cfg, model, _n_rows(data))
+    return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume)
+
+
+def _launch_mpi(args, cfg) -> int:
+    from .session import build_model
+
+    plan = _plan(cfg, build_model(cfg), cfg.data.synthetic or _n_rows(build_data_for_count(cfg)))
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
+           "emgrid_cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
+    return subprocess.call(cmd)
+
+
+def build_data_for_count(cfg):
+    from .session import build_data, build_model
+
+    return build_data(cfg, build_model(cfg))
+
+
+def _rank() -> int:
+    try:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank()
+    except Exception:  # noqa: BLE001 - no MPI runtime means a single process
+        return 0
+
+
+def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
+    from executors import optimize
+
+    from .checkpoint import read_checkpoint, write_checkpoint
+    from .progress import Progress
+    from .report import plan_table
+
+    out = cfg.resolve(cfg.fit.output)
+    lead = _rank() == 0
+    done, trace = 0, []
+    if resume:
+        done, model, trace = read_checkpoint(out)
+    if not quiet and lead:
+        print(plan_table(plan))
+        print()
+    remaining = cfg.fit.max_iter - done
+    progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
+    state = {"model": model, "trace": list(trace)}
+
+    def callback(iteration, loglik, current_model):
+        state["trace"].append(loglik)
+        state["model"] = current_model
+        progress.update(done + iteration, loglik)
+        k = cfg.fit.checkpoint_every
+        if k and lead and (done + iteration) % k == 0:
+            write_checkpoint(out, done + iteration, current_model, state["trace"])
+
+    t0 = time.perf_counter()
+    try:
+        if remaining > 0:
+            result = optimize(data, model, plan=plan, executor=cfg.executor.kind, max_iter=remaining,
+                              tol=cfg.fit.tol, callback=callback)
+        else:
+            result = None
+    except KeyboardInterrupt:
+        progress.close()
+        if lead and state["trace"]:
+            write_checkpoint(out, done + len(state["trace"]) - len(trace), state["model"], state["trace"])
+            print(f"interrupted: checkpoint written to {out}; continue with --resume", file=sys.stderr)
+        return 130
+    progress.close()
+    if not lead:
+        return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
+    fitted = result.model if result is not None else model
+    full_trace = list(trace) + (list(result.log_likelihood) if result is not None else [])
+    converged = bool(result.converged) if result is not None else False
+    (out / "model.json").write_text(json.dumps(fitted.to_spec(), indent=1))
+    report = {
+        "plan": json.loads(plan.to_json()),
+        "log_likelihood": full_trace,
+        "iterations": len(full_trace),
+        "converged": converged,
+        "timings": result.timings if result is not None else [],
+        "bytes_moved": result.bytes_moved if result is not None else [],
+        "wall_s": time.perf_counter() - t0,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
+    if cfg.fit.checkpoint_every:
+        write_checkpoint(out, len(full_trace), fitted, full_trace)
+    if not quiet:
+        print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
+    if not converged:
+        print(f"note: not converged within max_iter={cfg.fit.max_iter} (tol={cfg.fit.tol}); "
+              f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
+        return EXIT_NOT_CONVERGED
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    import numpy as np
+
+    from executors import optimize
+    from planner import Resources, balance_plan
+
+    from .demo import demo_start, demo_truth
+    from .progress import Progress
+    from .report import compare_models, plan_table
+
+    truth = demo_truth()
+    data = truth.prepare(truth.sample(args.rows, np.random.default_rng(0)))
+    start = demo_start()
+    resources = Resources.local()
+    plan = balance_plan(start, resources, n_data=args.rows)
+    if not args.quiet:
+        print(f"model: {truth.describe()} of {start.children[0].describe()} "
+              f"({len(start.leaves())} leaves), {args.rows} rows sampled from the truth\n")
+        print(plan_table(plan))
+        print()
+    progress = Progress(60, quiet=args.quiet)
+    result = optimize(data, start, plan=plan, executor=args.executor, max_iter=60, tol=1e-8,
+                      callback=lambda i, ll, m: progress.update(i, ll))
+    progress.close()
+    if not args.quiet:
+        print(f"\n{result.iterations} iterations, converged={result.converged}, "
+              f"final log-likelihood {result.log_likelihood[-1]:.6g} "
+              f"(truth: {float(truth.log_density(data).sum()):.6g})\n")
+        print(compare_models(result.model, truth))
+    return EXIT_OK
+
+
+def cmd_advise(args) -> int:
+    from .advise import advise
+
+    cfg = _config(args)
+    print(advise(cfg))
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from models.errors import EmgridError, FitError
+
+    handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise}
+    try:
+        return handlers[args.command](args)
+    except EmgridError as e:
+        if args.debug:
+            raise
+        print(f"emgrid: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except FitError as e:
+        if args.debug:
+            raise
+        print(f"emgrid: fit failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Turns a validated RunConfig into the objects a run needs: model, data, resources, solver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from models import Node, concat_rows, from_spec, load_model
+from models.data import unflatten
+from models.errors import ConfigError, DataError
+
+from .config import RunConfig
+
+
+def build_model(cfg: RunConfig) -> Node:
+    if cfg.model.spec is not None:
+        path = cfg.resolve(cfg.model.spec)
+        if not path.exists():
+            raise ConfigError(f"[model] spec file {str(path)!r} does not exist")
+        return load_model(path)
+    return from_spec(cfg.model.inline)
+
+
+def _load_file(path: Path):
+    if not path.exists():
+        raise ConfigError(f"[data] file {str(path)!r} does not exist")
+    if path.suffix == ".npy":
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return unflatten({k: z[k] for k in z.files})
+    raise ConfigError(f"[data] file {str(path)!r} must be .npy or .npz")
+
+
+def build_data(cfg: RunConfig, model: Node):
+    """Prepared data (validated against the model) and its row count."""
+    d = cfg.data
+    if d.synthetic is not None:
+        truth = model
+        if isinstance(d.truth, str):
+            truth = load_model(cfg.resolve(d.truth))
+        elif isinstance(d.truth, dict):
+            truth = from_spec(d.truth)
+        if truth.data_type() != model.data_type():
+            raise ConfigError(f"[data] truth reads {truth.data_type()} but the model reads {model.data_type()}")
+        raw = truth.sample(d.synthetic, np.random.default_rng(d.seed))
+    else:
+        paths = [d.path] if d.path is not None else list(d.paths)
+        if not paths:
+            raise ConfigError("[data] paths is empty")
+        parts = [_load_file(cfg.resolve(p)) for p in paths]
+        raw = parts[0] if len(parts) == 1 else concat_rows(parts)
+    try:
+        return model.prepare(raw)
+    except DataError as e:
+        raise DataError(f"[data] {e}") from None
+
+
+def build_resources(cfg: RunConfig):
+    from planner import Network, Resources
+    from planner.resources import DEFAULT_FLOPS_PER_S
+
+    r = cfg.resources
+    flops = r.flops_per_s or DEFAULT_FLOPS_PER_S
+    if r.file is not None:
+        return Resources.from_file(cfg.resolve(r.file))
+    if r.detect == "mpi":
+        return Resources.from_mpi(flops_per_s=flops)
+    workers = r.workers or cfg.executor.processes
+    if r.detect == "local" or (workers is None and r.memory is None):
+        res = Resources.local(workers, flops_per_s=flops)
+        if r.memory is None and r.latency_s is None and r.bytes_per_s is None:
+            return res
+        workers = res.n_workers
+    net = Network(**{k: v for k, v in {"latency_s": r.latency_s, "bytes_per_s": r.bytes_per_s}.items() if v is not None})
+    return Resources.uniform(workers or 1, memory_bytes=r.memory, flops_per_s=flops, network=net)
+
+
+def build_solver(cfg: RunConfig):
+    from planner import SolverConfig
+
+    s = cfg.solver
+    return SolverConfig(**{k: v for k, v in s.model_dump().items() if v is not None})

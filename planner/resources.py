@@ -1,0 +1,129 @@
+"""What the plan runs on: workers (memory, speed) and the network between them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from models.errors import ConfigError
+
+#: Effective FLOP rate of one core running emgrid's E-step kernels. ``bench/cost_model.py``
+#: measures it on a machine and writes ``bench/results/calibration.json``; pass
+#: ``flops_per_s`` (or ``[resources] flops_per_s`` in a config) to plan for other hardware.
+DEFAULT_FLOPS_PER_S = 2.0e9
+
+
+class Worker(BaseModel):
+    """One worker process: its memory (``None`` when unknown) and its effective FLOP rate."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    memory_bytes: int | None = Field(default=None, gt=0)
+    flops_per_s: float = Field(default=DEFAULT_FLOPS_PER_S, gt=0)
+
+
+class Network(BaseModel):
+    """Per-message latency and bandwidth between workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latency_s: float = Field(default=50e-6, ge=0)
+    bytes_per_s: float = Field(default=1.0e9, gt=0)
+
+
+class Resources(BaseModel):
+    """The workers a plan may use and the network that joins them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: tuple[Worker, ...] = Field(min_length=1)
+    network: Network = Network()
+
+    @field_validator("workers")
+    @classmethod
+    def _unique_names(cls, workers):
+        names = [w.name for w in workers]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"worker names must be unique, {dup!r} appears twice")
+        return workers
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+    @classmethod
+    def uniform(cls, n: int, memory_bytes: int | None = None, flops_per_s: float = DEFAULT_FLOPS_PER_S,
+                network: Network | None = None) -> "Resources":
+        """``n`` identical workers named ``w0 .. w{n-1}``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"workers must be an integer >= 1, got {n!r}")
+        if memory_bytes is not None and memory_bytes <= 0:
+            raise ConfigError(f"memory_bytes must be > 0, got {memory_bytes!r}")
+        if flops_per_s <= 0:
+            raise ConfigError(f"flops_per_s must be > 0, got {flops_per_s!r}")
+        return cls(workers=tuple(Worker(name=f"w{i}", memory_bytes=memory_bytes, flops_per_s=flops_per_s) for i in range(n)),
+                   network=network or Network())
+
+    @classmethod
+    def local(cls, n: int | None = None, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
+        """This machine: one worker per core, the available memory shared among them."""
+        if n is None:
+            n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        mem = available_memory_bytes()
+        return cls.uniform(n, memory_bytes=None if mem is None else mem // n, flops_per_s=flops_per_s,
+                           network=Network(latency_s=200e-6, bytes_per_s=4e9))
+
+    @classmethod
+    def from_mpi(cls, comm=None, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
+        """Every rank reports its host's available memory (shared by the ranks on that host)."""
+        from mpi4py import MPI
+
+        comm = comm or MPI.COMM_WORLD
+        host = MPI.Get_processor_name()
+        facts = comm.allgather((host, available_memory_bytes()))
+        per_host: dict[str, int] = {}
+        for h, _ in facts:
+            per_host[h] = per_host.get(h, 0) + 1
+        workers = tuple(
+            Worker(name=f"rank{r}", memory_bytes=None if m is None else m // per_host[h], flops_per_s=flops_per_s)
+            for r, (h, m) in enumerate(facts)
+        )
+        return cls(workers=workers, network=Network(latency_s=10e-6, bytes_per_s=5e9))
+
+    @classmethod
+    def from_file(cls, path) -> "Resources":
+        """Reads a JSON file holding ``{"workers": [...], "network": {...}}``."""
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read resources file {str(p)!r}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"resources file {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise ConfigError(f"resources file {str(p)!r}: {first_error(e)}") from None
+
+
+def first_error(e: ValidationError) -> str:
+    """One line for a pydantic error: ``field.path: message (got value)``."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+    return f"{loc}: {err['msg']} (got {err.get('input')!r})"
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

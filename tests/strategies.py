@@ -1,0 +1,325 @@
+"""Hypothesis strategies for emgrid model trees and their data.
+
+Every strategy draws valid objects: parameters inside their families' domains, internal
+nodes whose children agree on their data type, and trees small enough that a test example
+runs in milliseconds (at most ``MAX_LEAVES`` leaves, at most ``MAX_POSITIONS`` expected leaf
+rows per root row under nested sequences). Data is drawn by the model itself,
+``model.sample(n, seed)``, with a drawn seed, so every example replays exactly.
+
+The planner and executor tests reuse :func:`models` and :func:`models_with_data`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,
+                    Mixture, Poisson, Sequence)
+from models.base import Node
+
+#: Most leaves a drawn tree holds.
+MAX_LEAVES = 8
+#: Most expected leaf rows per root row (product of mean lengths along any path).
+MAX_POSITIONS = 25.0
+MAX_DIM = 3
+MAX_VALUES = 5
+MAX_COMPONENTS = 3
+
+
+def _floats(lo: float, hi: float) -> st.SearchStrategy[float]:
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+
+
+# ---------------------------------------------------------------- parameter pieces
+def simplex(k: int, low: float = 0.05) -> st.SearchStrategy[np.ndarray]:
+    """A probability vector of length ``k`` with every entry at least about ``low / k``.
+
+    >>> simplex(3).example()
+    array([0.61904762, 0.04761905, 0.33333333])
+    """
+    return st.lists(_floats(low, 1.0), min_size=k, max_size=k).map(lambda v: np.array(v) / np.sum(v))
+
+
+def stochastic_matrices(k: int, low: float = 0.05) -> st.SearchStrategy[np.ndarray]:
+    """A ``(k, k)`` row-stochastic matrix.
+
+    >>> stochastic_matrices(2).example()
+    array([[0.5       , 0.5       ],
+           [0.08333333, 0.91666667]])
+    """
+    return st.lists(simplex(k, low), min_size=k, max_size=k).map(np.array)
+
+
+def mean_lengths(low: float = 2.0, high: float = 5.0) -> st.SearchStrategy[float]:
+    """A sequence's or HMM's mean length.
+
+    >>> mean_lengths().example()
+    3.25
+    """
+    return _floats(low, high)
+
+
+# ---------------------------------------------------------------- leaves
+def gaussians() -> st.SearchStrategy[Gaussian]:
+    """``Gaussian(mean in [-5, 5], var in [0.1, 5])``.
+
+    >>> gaussians().example()
+    Gaussian(mean=-1.5, var=0.833)
+    """
+    return st.builds(Gaussian, _floats(-5.0, 5.0), _floats(0.1, 5.0))
+
+
+def diag_gaussians(dim: int | None = None) -> st.SearchStrategy[DiagGaussian]:
+    """A ``DiagGaussian`` of dimension ``dim`` (drawn in 1..3 when None).
+
+    >>> diag_gaussians().example()
+    DiagGaussian(mean=[ 1.   -3.75], var=[0.1 2.2])
+    """
+    dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
+    return dims.flatmap(lambda d: st.builds(
+        DiagGaussian,
+        st.lists(_floats(-5.0, 5.0), min_size=d, max_size=d).map(np.array),
+        st.lists(_floats(0.1, 5.0), min_size=d, max_size=d).map(np.array),
+    ))
+
+
+def _covariance(values: list[float], diag: list[float]) -> np.ndarray:
+    d = len(diag)
+    a = np.array(values).reshape(d, d)
+    cov = a @ a.T / d + np.diag(diag)
+    return 0.5 * (cov + cov.T)
+
+
+def full_gaussians(dim: int | None = None) -> st.SearchStrategy[FullGaussian]:
+    """A ``FullGaussian`` of dimension ``dim`` (1..3 when None); ``cov = A A^T / d + D``.
+
+    >>> full_gaussians().example()
+    FullGaussian(mean=[ 0.5 -2. ], cov=[[ 0.767 -0.2  ] [-0.2    1.1  ]])
+    """
+    dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
+    return dims.flatmap(lambda d: st.builds(
+        lambda mean, a, diag: FullGaussian(np.array(mean), _covariance(a, diag)),
+        st.lists(_floats(-5.0, 5.0), min_size=d, max_size=d),
+        st.lists(_floats(-1.0, 1.0), min_size=d * d, max_size=d * d),
+        st.lists(_floats(0.2, 2.0), min_size=d, max_size=d),
+    ))
+
+
+def categoricals(n_values: int | None = None) -> st.SearchStrategy[Categorical]:
+    """A ``Categorical`` over ``n_values`` values (2..5 when None), every probability > 0.
+
+    >>> categoricals().example()
+    Categorical(probs=[0.2   0.467 0.333])
+    """
+    sizes = st.just(n_values) if n_values is not None else st.integers(2, MAX_VALUES)
+    return sizes.flatmap(lambda v: simplex(v).map(Categorical))
+
+
+def poissons() -> st.SearchStrategy[Poisson]:
+    """``Poisson(rate in [0.2, 10])``.
+
+    >>> poissons().example()
+    Poisson(rate=3.5)
+    """
+    return st.builds(Poisson, _floats(0.2, 10.0))
+
+
+def exponentials() -> st.SearchStrategy[Exponential]:
+    """``Exponential(rate in [0.2, 5])``.
+
+    >>> exponentials().example()
+    Exponential(rate=1.25)
+    """
+    return st.builds(Exponential, _floats(0.2, 5.0))
+
+
+def leaves() -> st.SearchStrategy[Node]:
+    """Any leaf family with valid random parameters and small dimensions.
+
+    >>> leaves().example()
+    Poisson(rate=0.2)
+    >>> leaves().example()
+    FullGaussian(mean=[-5.], cov=[[1.2]])
+    """
+    return st.one_of(gaussians(), diag_gaussians(), full_gaussians(), categoricals(), poissons(),
+                     exponentials())
+
+
+# ---------------------------------------------------------------- tree measures
+def n_leaves(model: Node) -> int:
+    return len(model.leaves())
+
+
+def positions_per_row(model: Node) -> float:
+    """Most expected leaf rows per row of ``model`` along any root-to-leaf path."""
+    if model.is_leaf:
+        return 1.0
+    return max(model.child_rows(i) * positions_per_row(c) for i, c in enumerate(model.children))
+
+
+# ---------------------------------------------------------------- same structure, new parameters
+def like(model: Node) -> st.SearchStrategy[Node]:
+    """A node with ``model``'s structure and data type (families, dimensions, sizes) and
+    freshly drawn parameters: the way mixtures and HMMs draw agreeing components.
+
+    >>> like(Composite([Gaussian(0, 1), Categorical([0.5, 0.5])])).example()
+    Composite(...)   # children: Gaussian(mean=2.25, var=0.1), Categorical(probs=[0.9 0.1])
+    """
+    if isinstance(model, Gaussian):
+        return gaussians()
+    if isinstance(model, DiagGaussian):
+        return diag_gaussians(model.dim)
+    if isinstance(model, FullGaussian):
+        return full_gaussians(model.dim)
+    if isinstance(model, Categorical):
+        return categoricals(model.n_values)
+    if isinstance(model, Poisson):
+        return poissons()
+    if isinstance(model, Exponential):
+        return exponentials()
+    kids = st.tuples(*(like(c) for c in model.children))
+    k = len(model.children)
+    if isinstance(model, Composite):
+        return kids.map(Composite)
+    if isinstance(model, Mixture):
+        return st.builds(Mixture, kids, simplex(k))
+    if isinstance(model, HMM):
+        return st.builds(HMM, kids, stochastic_matrices(k), simplex(k), mean_lengths())
+    if isinstance(model, Sequence):
+        return st.builds(lambda c, L: Sequence(c[0], L), kids, mean_lengths())
+    raise TypeError(f"like() does not know {type(model).__name__}")
+
+
+def _components(children: st.SearchStrategy[Node], max_k: int) -> st.SearchStrategy[tuple]:
+    """One drawn child plus up to ``max_k - 1`` more of its structure, within ``MAX_LEAVES``."""
+
+    def more(first: Node):
+        top = max(1, min(max_k, MAX_LEAVES // n_leaves(first)))
+        return st.integers(1, top).flatmap(lambda k: st.tuples(st.just(first), *[like(first)] * (k - 1)))
+
+    return children.flatmap(more)
+
+
+# ---------------------------------------------------------------- internal nodes
+def mixture_of(children: st.SearchStrategy[Node], max_components: int = MAX_COMPONENTS) -> st.SearchStrategy[Mixture]:
+    """A ``Mixture`` of 1..3 components of one structure, the first drawn from ``children``.
+
+    >>> mixture_of(leaves()).example()
+    Mixture(...)   # components: Poisson(rate=2.), Poisson(rate=7.5); weights [0.3 0.7]
+    """
+    return _components(children, max_components).flatmap(
+        lambda comps: simplex(len(comps)).map(lambda w: Mixture(comps, w)))
+
+
+def hmm_of(children: st.SearchStrategy[Node], max_states: int = MAX_COMPONENTS) -> st.SearchStrategy[Node]:
+    """An ``HMM`` with 1..3 states whose emissions share the first one's structure, mean
+    length 2..5; the child itself when a sequence would exceed ``MAX_POSITIONS``.
+
+    >>> hmm_of(leaves()).example()
+    HMM(...)   # emissions: Gaussian(mean=-3, var=1), Gaussian(mean=4, var=0.5); transitions 2x2
+    """
+
+    def build(comps):
+        room = MAX_POSITIONS / positions_per_row(comps[0])
+        if room < 2.0:
+            return st.just(comps[0])
+        k = len(comps)
+        return st.builds(lambda A, p, L: HMM(comps, A, p, L), stochastic_matrices(k), simplex(k),
+                         mean_lengths(2.0, min(5.0, room)))
+
+    return _components(children, max_states).flatmap(build)
+
+
+def sequence_of(children: st.SearchStrategy[Node]) -> st.SearchStrategy[Node]:
+    """A ``Sequence`` of the drawn child with mean length 2..5; the child itself when a
+    sequence would exceed ``MAX_POSITIONS``.
+
+    >>> sequence_of(leaves()).example()
+    Sequence(...)   # child: Categorical(probs=[0.25 0.75]); mean_length 4.5
+    """
+
+    def build(child):
+        room = MAX_POSITIONS / positions_per_row(child)
+        if room < 2.0:
+            return st.just(child)
+        return mean_lengths(2.0, min(5.0, room)).map(lambda L: Sequence(child, L))
+
+    return children.flatmap(build)
+
+
+def composite_of(children: st.SearchStrategy[Node], max_fields: int = 3) -> st.SearchStrategy[Composite]:
+    """A ``Composite`` of 1..3 drawn fields (trailing fields dropped beyond ``MAX_LEAVES``).
+
+    >>> composite_of(leaves()).example()
+    Composite(...)   # fields: Exponential(rate=0.2), DiagGaussian d=2
+    """
+
+    def build(fields):
+        kept, total = [], 0
+        for f in fields:
+            if kept and total + n_leaves(f) > MAX_LEAVES:
+                break
+            kept.append(f)
+            total += n_leaves(f)
+        return Composite(kept)
+
+    return st.lists(children, min_size=1, max_size=max_fields).map(build)
+
+
+def models(max_leaves: int = MAX_LEAVES) -> st.SearchStrategy[Node]:
+    """Random nested model trees: leaves under Composite, Mixture, HMM and Sequence nodes
+    in any nesting where data types agree, at most ``MAX_LEAVES`` leaves.
+
+    >>> models().example()
+    Composite(...)   # [Mixture K=2 of DiagGaussian d=2, Sequence L~3.1 of HMM K=2 of Poisson]
+    >>> models().example().to_spec()["family"]
+    'HMM'
+    """
+    return st.recursive(
+        leaves(),
+        lambda children: st.one_of(composite_of(children), mixture_of(children), hmm_of(children),
+                                   sequence_of(children)),
+        max_leaves=max_leaves,
+    )
+
+
+# ---------------------------------------------------------------- data
+def seeds() -> st.SearchStrategy[int]:
+    """A seed for ``numpy.random.default_rng``.
+
+    >>> seeds().example()
+    2710493
+    """
+    return st.integers(0, 2**32 - 1)
+
+
+def data_for(model: Node, min_rows: int = 1, max_rows: int = 60) -> st.SearchStrategy:
+    """Rows drawn by ``model.sample(n, seed)`` with drawn ``n`` and seed, in the canonical
+    encoding (an array, a tuple of columns, or a ``Ragged``).
+
+    >>> data_for(Gaussian(0, 1), 3, 3).example()
+    array([ 0.1241, -1.0522,  0.3377])
+    """
+    return st.tuples(st.integers(min_rows, max_rows), seeds()).map(
+        lambda ns: model.sample(ns[0], np.random.default_rng(ns[1])))
+
+
+def weights_for(n: int, low: float = 0.0, high: float = 3.0) -> st.SearchStrategy[np.ndarray]:
+    """``n`` row weights in ``[low, high]`` with at least one positive.
+
+    >>> weights_for(4).example()
+    array([0. , 2.5, 1. , 0.3])
+    """
+    return st.lists(_floats(low, high), min_size=n, max_size=n).map(np.array).filter(lambda w: w.max() > 0)
+
+
+def models_with_data(model_strategy: st.SearchStrategy[Node] | None = None, min_rows: int = 1,
+                     max_rows: int = 60) -> st.SearchStrategy[tuple[Node, object]]:
+    """``(model, data)``: a drawn model and rows it sampled itself.
+
+    >>> models_with_data().example()
+    (Gaussian(mean=1.5, var=0.4), array([1.9, 0.8, 1.1]))
+    """
+    model_strategy = models() if model_strategy is None else model_strategy
+    return model_strategy.flatmap(lambda m: data_for(m, min_rows, max_rows).map(lambda x: (m, x)))
