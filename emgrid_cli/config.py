@@ -146,7 +146,8 @@ def parse_config(raw: dict, *, text: str = "", name: str = "<config>", base_dir:
     try:
         cfg = RunConfig.model_validate({**raw, "base_dir": base_dir})
     except ValidationError as e:
-        err = e.errors()[0]
+        errs = e.errors()
+        err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
         loc = tuple(err["loc"])
         where = ".".join(str(x) for x in loc) or "<root>"
         line = _line_of(text, loc)
