@@ -167,7 +167,8 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
     progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
     state = {"model": model, "trace": list(trace)}
 
-    def callback(iteration, loglik, current_model):
+    def callback(iteration, loglik, so_far):
+        current_model = so_far.model
         state["trace"].append(loglik)
         state["model"] = current_model
         progress.update(done + iteration, loglik)
@@ -239,7 +240,7 @@ def cmd_demo(args) -> int:
         print()
     progress = Progress(60, quiet=args.quiet)
     result = optimize(data, start, plan=plan, executor=args.executor, max_iter=60, tol=1e-8,
-                      callback=lambda i, ll, m: progress.update(i, ll))
+                      callback=lambda i, ll, so_far: progress.update(i, ll))
     progress.close()
     if not args.quiet:
         print(f"\n{result.iterations} iterations, converged={result.converged}, "

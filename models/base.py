@@ -244,8 +244,13 @@ def float_column(data, where: str, family: str) -> np.ndarray:
     if isinstance(data, (tuple, Ragged)):
         raise DataError(f"{where}: {family} expects a 1-D float array, got {type(data).__name__}")
     try:
-        x = np.asarray(data, dtype=np.float64)
-    except (TypeError, ValueError):
+        x = np.asarray(data)
+        if x.dtype.kind not in "biufO":
+            raise DataError(f"{where}: {family} expects real numbers, got dtype {x.dtype}")
+        x = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
         raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
     if x.ndim != 1:
         raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
@@ -276,3 +281,31 @@ def spec_field(spec: dict, key: str, family: str):
     if key not in spec:
         raise SpecError(f"{family} spec is missing field {key!r}")
     return spec[key]
+
+
+def spec_list(spec: dict, key: str, family: str) -> list:
+    """A spec field that holds a list of child specs."""
+    value = spec_field(spec, key, family)
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"{family} spec field {key!r} must be a list of model specs, got {type(value).__name__}")
+    return list(value)
+
+
+def prepare_by_any(children: tuple[Node, ...], data, where: str) -> Data:
+    """Data of a node whose children share one data type (a mixture's components, an HMM's
+    emissions), prepared by the first child whose support holds every row.
+
+    The node's support is the union of its children's, and same-type leaves have nested
+    supports (``Categorical`` values ``0..V-1`` inside a ``Poisson``'s counts, an
+    ``Exponential``'s ``x >= 0`` inside a ``Gaussian``'s reals), so the order of the
+    children does not decide which data are accepted. When no child accepts the data, the
+    first child's error is raised.
+    """
+    first_error = None
+    for child in children:
+        try:
+            return child._prepare(data, where)
+        except DataError as e:
+            if first_error is None:
+                first_error = e
+    raise first_error

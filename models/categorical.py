@@ -16,6 +16,23 @@ def floor_probs(p: np.ndarray, axis: int = -1) -> np.ndarray:
     return p / p.sum(axis=axis, keepdims=True)
 
 
+def _inside(x: np.ndarray, v: int) -> np.ndarray | None:
+    """Mask of values in ``0..v-1``, or None when every value is."""
+    if x.size == 0 or (x.min() >= 0 and x.max() < v):
+        return None
+    return (x >= 0) & (x < v)
+
+
+def _lookup(logp: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``logp[:, x]`` for a ``(K, V)`` table, -inf where ``x`` is outside ``0..V-1``."""
+    inside = _inside(x, logp.shape[1])
+    if inside is None:
+        return logp[:, x]
+    out = np.full((logp.shape[0], x.size), -np.inf)
+    out[:, inside] = logp[:, x[inside]]
+    return out
+
+
 class Categorical(Leaf):
     family = "Categorical"
     spec_fields = ("probs",)
@@ -50,16 +67,22 @@ class Categorical(Leaf):
             raise DataError(f"{where}: Categorical value {int(bad)} is outside its support 0..{self.n_values - 1}")
         return x
 
+    # Values outside ``0..V-1`` reach these kernels only as rows of a mixture or an HMM
+    # whose other components accept them (see ``models.base.prepare_by_any``): their log
+    # density is -inf and they add nothing to the counts.
     def _log_density(self, x):
-        return self._logp[x]
+        return _lookup(self._logp[None, :], x)[0]
 
     def _accumulate(self, x, w):
+        inside = _inside(x, self.n_values)
+        if inside is not None:
+            x, w = x[inside], w[inside]
         return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64),)
 
     @classmethod
     def _batch_log_density(cls, leaves, x):
         if len({c.n_values for c in leaves}) == 1:
-            return np.stack([c._logp for c in leaves])[:, x]
+            return _lookup(np.stack([c._logp for c in leaves]), x)
         return super()._batch_log_density(leaves, x)
 
     def _estimate(self, own, children):

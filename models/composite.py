@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, spec_field
+from .base import Internal, Node, spec_list
 from .cost import NodeCost
 from .data import n_rows
 from .errors import DataError, ModelError
@@ -30,7 +30,7 @@ class Composite(Internal):
     def _from_spec(cls, spec):
         from .spec import from_spec
 
-        return cls([from_spec(c) for c in spec_field(spec, "children", cls.family)])
+        return cls([from_spec(c) for c in spec_list(spec, "children", cls.family)])
 
     def to_spec(self):
         return {"family": self.family, "children": [c.to_spec() for c in self.children]}

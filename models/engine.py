@@ -62,12 +62,20 @@ class _Pass:
             ld = node._log_density(data)
         else:
             cls = _batch_family(node, path, self.frontier)
+            work = None
             if cls is not None:
-                child_lds = cls._batch_log_density(node.children, node._child_data(data, 0))
+                cd = node._child_data(data, 0)
+                # a family with a shared feature block builds it once for both passes
+                prepare = getattr(cls, "_batch_prepare", None)
+                if prepare is not None:
+                    work = prepare(node.children, cd)
+                    child_lds = cls._batch_log_density(node.children, cd, work)
+                else:
+                    child_lds = cls._batch_log_density(node.children, cd)
             else:
                 child_lds = [self.up(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
             ld, aux = node._combine(data, child_lds)
-            self.aux[path] = (child_lds, aux, cls)
+            self.aux[path] = (child_lds, aux, cls, work)
         self.ld[path] = ld
         return ld
 
@@ -79,13 +87,15 @@ class _Pass:
         if node.is_leaf:
             out[path] = node._accumulate(data, w)
             return
-        child_lds, aux, cls = self.aux[path]
+        child_lds, aux, cls, work = self.aux[path]
         child_ws, own = node._split(data, w, child_lds, self.ld[path], aux)
         if own_stats and node.has_own_stats:
             out[path] = own
         if cls is not None:
             cd = node._child_data(data, 0)
-            for i, s in enumerate(cls._batch_accumulate(node.children, cd, np.asarray(child_ws))):
+            W = np.asarray(child_ws)
+            folded = cls._batch_accumulate(node.children, cd, W) if work is None else cls._batch_accumulate(node.children, cd, W, work)
+            for i, s in enumerate(folded):
                 out[child_path(path, i)] = s
             return
         for i, c in enumerate(node.children):
@@ -148,13 +158,28 @@ def shard_block(model: Node, data: Data, w: np.ndarray, owned: Sequence[str],
         ld = p.up(model, data, "")
         p.down(model, data, w, "", out)
         return out, float(w @ ld)
-    passes = {}
-    mine = {}
+    passes, mine = shard_up(model, data, owned)
+    return shard_down(model, data, w, owned, passes, exchange(mine), first_shard)
+
+
+def shard_up(model: Node, data: Data, owned: Sequence[str]) -> tuple[dict, dict[str, np.ndarray]]:
+    """First half of :func:`shard_block`: the upward pass of every owned subtree.
+
+    Returns the passes' caches (for :func:`shard_down`) and the owned roots' per-row log
+    densities, which are what this shard sends to the other shards of its replica.
+    """
+    passes, mine = {}, {}
     for r in owned:
         p = _Pass()
         mine[r] = p.up(model.node_at(r), subtree_data(model, data, r), r)
         passes[r] = p
-    every = exchange(mine)
+    return passes, mine
+
+
+def shard_down(model: Node, data: Data, w: np.ndarray, owned: Sequence[str], passes: dict,
+               every: dict[str, np.ndarray], first_shard: bool) -> tuple[dict, float]:
+    """Second half of :func:`shard_block`, given every owned root's log density of the replica."""
+    out: dict = {}
     upper = _Pass(frontier=every)
     ld = upper.up(model, data, "")
     reached: dict = {}
@@ -169,14 +194,29 @@ def e_step(model: Node, data: Data, w: np.ndarray | None = None, *, rows_per_blo
     n = n_rows(data)
     w = np.ones(n) if w is None else w
     step = rows_per_block or block_rows(model)
-    total: Stats | None = None
+    total: dict[str, list] = {}
     ll = 0.0
     for a in range(0, n, step):
         b = min(n, a + step)
         out, part = shard_block(model, take_rows(data, a, b), w[a:b], [""], lambda x: x, True)
-        total = Stats(out) if total is None else total + Stats(out)
+        _fold_into(total, out)
         ll += part
-    return total, ll
+    return (Stats({k: tuple(v) for k, v in total.items()}) if n > 0 else None), ll
+
+
+def _fold_into(total: dict[str, list], out: dict) -> None:
+    """``total += out`` key by key, in place (the same sums as ``Stats.__add__``, fewer arrays)."""
+    for key, own in out.items():
+        mine = total.get(key)
+        if mine is None:
+            total[key] = [np.array(v) if isinstance(v, np.ndarray) else v for v in own]  # copies
+            continue
+        for i, v in enumerate(own):
+            m = mine[i]
+            if isinstance(m, np.ndarray) and m.dtype.kind == "f" and m.shape == np.shape(v):
+                m += v
+            else:
+                mine[i] = mine[i] + v
 
 
 def log_density(model: Node, data: Data) -> np.ndarray:

@@ -10,6 +10,13 @@ from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
 
 
+def _outside_to_minus_inf(ld: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``ld`` with -inf in the columns where ``x < 0`` (the density is 0 there)."""
+    if x.size and x.min() < 0:
+        ld = np.where(x < 0, -np.inf, ld)
+    return ld
+
+
 class Exponential(Leaf):
     family = "Exponential"
     spec_fields = ("rate",)
@@ -34,19 +41,25 @@ class Exponential(Leaf):
             raise DataError(f"{where}: Exponential data must be >= 0, got {float(x.min())}")
         return x
 
+    # Negative values reach these kernels only as rows of a mixture or an HMM whose other
+    # components accept them (see ``models.base.prepare_by_any``): their density is 0.
     def _log_density(self, x):
-        return np.log(self.rate) - self.rate * x
+        return _outside_to_minus_inf(np.log(self.rate) - self.rate * x, x)
 
     def _accumulate(self, x, w):
+        if x.size and x.min() < 0:
+            w = np.where(x < 0, 0.0, w)
         return (float(w.sum()), float(w @ x))
 
     @classmethod
     def _batch_log_density(cls, leaves, x):
         rate = np.array([p.rate for p in leaves])[:, None]
-        return np.log(rate) - rate * x[None, :]
+        return _outside_to_minus_inf(np.log(rate) - rate * x[None, :], x)
 
     @classmethod
     def _batch_accumulate(cls, leaves, x, W):
+        if x.size and x.min() < 0:
+            W = np.where(x < 0, 0.0, W)
         sw, sx = W.sum(axis=1), W @ x
         return [(float(a), float(b)) for a, b in zip(sw, sx)]
 

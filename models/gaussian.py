@@ -1,6 +1,23 @@
-"""Gaussian leaves: scalar, diagonal and full covariance, with matrix-form batched kernels."""
+"""Gaussian leaves: scalar, diagonal and full covariance, with matrix-form batched kernels.
+
+The batched kernels (sibling leaves of one class under a mixture or an HMM) work on a
+*feature block* built once per row block and shared by the log densities and the
+statistics: rows of features by columns of data rows (component-first, so every product
+is one matrix multiply with the components on the short side):
+
+- ``DiagGaussian``: ``[xc; xc**2; 1]`` with ``xc = x - c``, ``c`` the mean of the
+  components' means (centering keeps the expanded quadratic form accurate when the data
+  sit far from the origin). Log densities are ``P @ F`` and statistics ``W @ F.T``.
+- ``FullGaussian``: ``[xc; 1; xc_i * xc_j (i <= j)]``. Log densities use the whitened form
+  ``||L_k^T (x - mean_k)||^2`` (one product for all components); statistics are ``W @ F.T``.
+
+Statistics are returned about the origin, as the unbatched ``_accumulate`` does.
+"""
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,6 +28,100 @@ from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, VAR_FLOOR
 
 LOG_2PI = float(np.log(2 * np.pi))
+
+#: Data rows per matrix-multiply call in the batched kernels. OpenBLAS multiplies small
+#: operands (m * n * k up to about 1e6) with dedicated kernels that ran these shapes up to
+#: 1.6x faster than one call over a whole block of thousands of rows.
+GEMM_COLS = 256
+#: Largest rounding error (absolute, per log density) accepted from the expanded form; a
+#: block whose bound exceeds it (data far from the components in units of their spread)
+#: is scored with the whitened form ``||L' (x - mean)||^2`` instead.
+EXPANDED_MAX_ERROR = 1e-9
+#: Flop-equivalents the cost model charges for one ``exp`` or ``log`` of a float64 (numpy's
+#: vectorized ``exp`` takes about as long as 20 multiply-adds inside a matrix product).
+TRANSCENDENTAL_FLOPS = 20.0
+
+_PARAM_CACHE: OrderedDict = OrderedDict()
+_PARAM_CACHE_SIZE = 16
+
+
+def _stacked(cls, leaves, build):
+    """``build(leaves)`` cached per tuple of leaf objects (leaves are immutable)."""
+    key = (cls, tuple(map(id, leaves)))
+    hit = _PARAM_CACHE.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], leaves)):
+        return hit[1]
+    value = build(leaves)
+    _PARAM_CACHE[key] = (tuple(leaves), value)  # holding the leaves keeps their ids unique
+    while len(_PARAM_CACHE) > _PARAM_CACHE_SIZE:
+        _PARAM_CACHE.popitem(last=False)
+    return value
+
+
+def _matmul_cols(A: np.ndarray, F: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = A @ F`` in column chunks of ``GEMM_COLS``."""
+    n = F.shape[1]
+    if n <= GEMM_COLS:
+        return np.matmul(A, F, out=out)
+    for a in range(0, n, GEMM_COLS):
+        b = min(n, a + GEMM_COLS)
+        np.matmul(A, F[:, a:b], out=out[:, a:b])
+    return out
+
+
+def _weighted_sums_t(F: np.ndarray, Wt: np.ndarray, cols: int) -> np.ndarray:
+    """``F @ Wt`` (sums over data rows, shape ``(features, K)``) in chunks of ``cols`` rows."""
+    n = F.shape[1]
+    if n <= cols:
+        return F @ Wt
+    out = F[:, :cols] @ Wt[:cols]
+    part = np.empty_like(out)
+    for a in range(cols, n, cols):
+        b = min(n, a + cols)
+        np.matmul(F[:, a:b], Wt[a:b], out=part)
+        out += part
+    return out
+
+
+class _Expanded(NamedTuple):
+    """Stacked parameters of sibling Gaussians for the expanded (feature-block) form."""
+
+    c: np.ndarray  # centering point (d,)
+    P: np.ndarray  # log densities are P @ F, (K, features)
+    lam: np.ndarray  # per component, a norm of the precision bounding its quadratic form
+    mc_norm: np.ndarray  # per component, |mean - c|
+    pconst: np.ndarray  # per component, |constant term of P|
+    const: np.ndarray  # per component, d log(2 pi) + log det cov
+    whiten: np.ndarray  # diagonal: precisions (K, d); full: stacked L' (K*d, d + 1)
+
+
+def _expanded_is_accurate(xc: np.ndarray, p: _Expanded, n_features: int) -> bool:
+    """Whether ``P @ F`` is within ``EXPANDED_MAX_ERROR`` of every log density of the block.
+
+    Each log density is a dot product of ``n_features`` terms summing in absolute value to at
+    most ``lam * (|xc| + |mean - c|)^2 + pconst``; its rounding error is at most
+    ``n_features * eps`` times that.
+    """
+    if xc.shape[1] == 0:
+        return True
+    r = float(np.sqrt(np.einsum("ij,ij->j", xc, xc).max()))
+    magnitude = float(np.max(p.lam * (r + p.mc_norm) ** 2 + p.pconst))
+    return n_features * np.finfo(np.float64).eps * magnitude <= EXPANDED_MAX_ERROR
+
+
+def _weighted_sums(W: np.ndarray, F: np.ndarray, cols: int) -> np.ndarray:
+    """``W @ F.T`` (sums over data rows, shape ``(K, features)``) in chunks of ``cols`` rows."""
+    W = np.asarray(W, dtype=np.float64)
+    n = F.shape[1]
+    if n <= cols:
+        return W @ F.T
+    out = W[:, :cols] @ F[:, :cols].T
+    part = np.empty_like(out)
+    for a in range(cols, n, cols):
+        b = min(n, a + cols)
+        np.matmul(W[:, a:b], F[:, a:b].T, out=part)
+        out += part
+    return out
 
 
 class Gaussian(Leaf):
@@ -38,7 +149,11 @@ class Gaussian(Leaf):
         return float_column(data, where, self.family)
 
     def _log_density(self, x):
-        return -0.5 * (LOG_2PI + np.log(self.var) + (x - self.mean) ** 2 / self.var)
+        z = x - self.mean
+        z *= z
+        z *= -0.5 / self.var
+        z -= 0.5 * (LOG_2PI + np.log(self.var))
+        return z
 
     def _accumulate(self, x, w):
         wx = w * x
@@ -119,27 +234,75 @@ class DiagGaussian(Leaf):
         return _vector_column(data, where, self.family, self.dim)
 
     def _log_density(self, x):
-        return -0.5 * (np.square(x - self.mean) / self.var).sum(axis=1) - 0.5 * (self.dim * LOG_2PI + np.log(self.var).sum())
+        z = x - self.mean
+        z *= z
+        out = z @ (-0.5 / self.var)
+        out -= 0.5 * (self.dim * LOG_2PI + np.log(self.var).sum())
+        return out
 
     def _accumulate(self, x, w):
         wx = w @ x
         return (float(w.sum()), wx, w @ (x * x))
 
     @classmethod
-    def _batch_log_density(cls, leaves, x):
-        prec = np.array([g.var for g in leaves]) ** -1.0  # (K, d)
-        mp = np.array([g.mean for g in leaves]) * prec
-        const = np.array([g._const for g in leaves])
-        out = (x * x) @ prec.T  # (n, K)
-        out -= 2.0 * (x @ mp.T)
-        out += const
-        out *= -0.5
-        return np.ascontiguousarray(out.T)
+    def _batch_params(cls, leaves) -> _Expanded:
+        def build(leaves):
+            mean = np.array([g.mean for g in leaves])
+            var = np.array([g.var for g in leaves])
+            k, d = mean.shape
+            c = mean.mean(axis=0)
+            prec = 1.0 / var
+            mc = mean - c
+            const = d * LOG_2PI + np.log(var).sum(axis=1)
+            # -0.5 * sum(prec * (xc - mc)^2) - 0.5 * const
+            P = np.empty((k, 2 * d + 1))
+            P[:, :d] = mc * prec
+            P[:, d : 2 * d] = -0.5 * prec
+            P[:, 2 * d] = -0.5 * (const + (mc * mc * prec).sum(axis=1))
+            return _Expanded(c=c, P=P, lam=prec.max(axis=1), mc_norm=np.linalg.norm(mc, axis=1),
+                             pconst=np.abs(P[:, 2 * d]), const=const, whiten=prec)
+
+        return _stacked(cls, leaves, build)
 
     @classmethod
-    def _batch_accumulate(cls, leaves, x, W):
-        sw, sx, sxx = W.sum(axis=1), W @ x, W @ (x * x)
-        return [(float(a), b, c) for a, b, c in zip(sw, sx, sxx)]
+    def _batch_prepare(cls, leaves, x):
+        """The feature block ``[xc; xc**2; 1]`` of shape ``(2d + 1, n)``, with the parameters."""
+        p = cls._batch_params(leaves)
+        n, d = x.shape
+        F = np.empty((2 * d + 1, n))
+        np.subtract(x.T, p.c[:, None], out=F[:d])
+        np.multiply(F[:d], F[:d], out=F[d : 2 * d])
+        F[2 * d] = 1.0
+        return p, F
+
+    @classmethod
+    def _batch_log_density(cls, leaves, x, work=None):
+        p, F = work if work is not None else cls._batch_prepare(leaves, x)
+        d = p.c.size
+        if _expanded_is_accurate(F[:d], p, F.shape[0]):
+            return _matmul_cols(p.P, F, np.empty((p.P.shape[0], F.shape[1])))
+        out = np.empty((p.P.shape[0], F.shape[1]))
+        mc = p.P[:, :d] / p.whiten
+        for k in range(out.shape[0]):
+            t = F[:d] - mc[k][:, None]
+            np.multiply(t, t, out=t)
+            np.matmul(p.whiten[k], t, out=out[k])
+        out += p.const[:, None]
+        out *= -0.5
+        return out
+
+    @classmethod
+    def _batch_accumulate(cls, leaves, x, W, work=None):
+        p, F = work if work is not None else cls._batch_prepare(leaves, x)
+        c = p.c
+        d = c.size
+        S = _weighted_sums(W, F, GEMM_COLS)  # (K, 2d + 1)
+        sw = S[:, 2 * d]
+        sxc = S[:, :d]
+        # back to moments about the origin: x = xc + c
+        sx = sxc + np.outer(sw, c)
+        sxx = S[:, d : 2 * d] + 2.0 * c * sxc + np.outer(sw, c * c)
+        return [(float(sw[k]), sx[k], sxx[k]) for k in range(len(leaves))]
 
     def _estimate(self, own, children):
         sw, sx, sxx = own
@@ -210,13 +373,92 @@ class FullGaussian(Leaf):
         return (float(w.sum()), w @ x, (x * w[:, None]).T @ x)
 
     @classmethod
-    def _batch_log_density(cls, leaves, x):
-        return np.stack([g._log_density(x) for g in leaves])
+    def _batch_params(cls, leaves) -> _Expanded:
+
+        def build(leaves):
+            mean = np.array([g.mean for g in leaves])
+            k, d = mean.shape
+            c = mean.mean(axis=0)
+            mc = mean - c
+            iu = np.triu_indices(d)
+            P = np.empty((k, d + 1 + iu[0].size))
+            G = np.empty((k, d, d + 1))
+            lam = np.empty(k)
+            for i, g in enumerate(leaves):
+                L = g._prec_chol
+                prec = L @ L.T
+                lm = prec @ mc[i]
+                # -0.5 * (xc' prec xc - 2 xc' prec mc + mc' prec mc + const)
+                P[i, :d] = lm
+                P[i, d] = -0.5 * (mc[i] @ lm + g._const)
+                P[i, d + 1 :] = -0.5 * np.where(iu[0] == iu[1], 1.0, 2.0) * prec[iu]
+                # whitened: z = L' (x - mean) = L' xc - L' mc
+                G[i, :, :d] = L.T
+                G[i, :, d] = -(mc[i] @ L)
+                lam[i] = np.linalg.norm(prec)
+            return _Expanded(c=c, P=P, lam=lam, mc_norm=np.linalg.norm(mc, axis=1), pconst=np.abs(P[:, d]),
+                             const=np.array([g._const for g in leaves]), whiten=G.reshape(k * d, d + 1))
+
+        return _stacked(cls, leaves, build)
 
     @classmethod
-    def _batch_accumulate(cls, leaves, x, W):
-        sx = W @ x
-        return [(float(W[k].sum()), sx[k], (x * W[k][:, None]).T @ x) for k in range(len(leaves))]
+    def _batch_prepare(cls, leaves, x):
+        """The feature block ``[xc; 1; xc_i * xc_j (i <= j)]``, shape ``(d + 1 + d(d+1)/2, n)``."""
+        p = cls._batch_params(leaves)
+        n, d = x.shape
+        F = np.empty((d + 1 + d * (d + 1) // 2, n))
+        np.subtract(x.T, p.c[:, None], out=F[:d])
+        F[d] = 1.0
+        o = d + 1
+        for i in range(d):
+            np.multiply(F[i], F[i:d], out=F[o : o + d - i])
+            o += d - i
+        return p, F
+
+    @classmethod
+    def _batch_log_density(cls, leaves, x, work=None):
+        p, F = work if work is not None else cls._batch_prepare(leaves, x)
+        d = p.c.size
+        if _expanded_is_accurate(F[:d], p, F.shape[0]):
+            return _matmul_cols(p.P, F, np.empty((p.P.shape[0], F.shape[1])))
+        return cls._whitened_log_density(p, F[: d + 1])
+
+    @staticmethod
+    def _whitened_log_density(p, Xa):
+        """``-0.5 * (||L_k' (x - mean_k)||^2 + const_k)`` from ``Xa = [xc; 1]``, chunk by chunk."""
+        k, d, n = p.const.size, p.c.size, Xa.shape[1]
+        out = np.empty((k, n))
+        Y = np.empty((k * d, min(n, GEMM_COLS)))
+        for a in range(0, n, GEMM_COLS):
+            b = min(n, a + GEMM_COLS)
+            y = Y[:, : b - a]
+            np.matmul(p.whiten, Xa[:, a:b], out=y)
+            np.multiply(y, y, out=y)
+            np.sum(y.reshape(k, d, b - a), axis=1, out=out[:, a:b])
+        out += p.const[:, None]
+        out *= -0.5
+        return out
+
+    @classmethod
+    def _batch_accumulate(cls, leaves, x, W, work=None):
+        p, F = work if work is not None else cls._batch_prepare(leaves, x)
+        c = p.c
+        k, d = p.const.size, c.size
+        # F @ W' with W' row-major ran 1.6x faster than W @ F' for this many features
+        S = _weighted_sums_t(F, np.ascontiguousarray(np.asarray(W, dtype=np.float64).T), GEMM_COLS)
+        sw = S[d]
+        sxc = S[:d].T
+        iu = np.triu_indices(d)
+        M = np.empty((k, d, d))
+        M[:, iu[0], iu[1]] = S[d + 1 :].T
+        M[:, iu[1], iu[0]] = S[d + 1 :].T
+        # back to moments about the origin: x = xc + c
+        cx = c[None, :, None] * sxc[:, None, :]
+        M += cx
+        M += cx.transpose(0, 2, 1)
+        M += sw[:, None, None] * np.outer(c, c)
+        sx = sxc + np.outer(sw, c)
+        return [(float(sw[i]), sx[i], M[i]) for i in range(k)]
 
     def _estimate(self, own, children):
         sw, sx, sxx = own

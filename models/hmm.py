@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, as_float_array, check_positive, check_probs, spec_field
+from .base import Internal, Node, as_float_array, check_positive, check_probs, spec_field, spec_list
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
@@ -84,7 +84,7 @@ class HMM(Internal):
     def _from_spec(cls, spec):
         from .spec import from_spec
 
-        ems = [from_spec(c) for c in spec_field(spec, "emissions", cls.family)]
+        ems = [from_spec(c) for c in spec_list(spec, "emissions", cls.family)]
         return cls(ems, spec_field(spec, "transitions", cls.family), spec_field(spec, "initial", cls.family),
                    spec.get("mean_length", DEFAULT_MEAN_LENGTH))
 
@@ -100,7 +100,7 @@ class HMM(Internal):
         return f"seq<{self.children[0].data_type()}>"
 
     def _prepare(self, data, where):
-        return prepare_ragged(data, self.children[0], where, self.family)
+        return prepare_ragged(data, self.children, where, self.family)
 
     def _child_data(self, data, i):
         return data.values

@@ -32,12 +32,17 @@ def sample_by_label(children, labels: np.ndarray, rng: np.random.Generator):
     return take_index(stacked, inverse)
 
 
-def log_softmax_parts(A: np.ndarray):
-    """For a ``(K, n)`` array of logs: ``(logsumexp over K, exp(A - max), sum)``, no subnormals."""
+def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
+    """For a ``(K, n)`` array of logs: ``(logsumexp over K, exp(A - max), sum)``, no subnormals.
+
+    With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
+    """
     m = A.max(axis=0)
-    m = np.where(np.isfinite(m), m, 0.0)
-    E = A - m
-    np.maximum(E, LOG_CLAMP, out=E)
+    if not np.isfinite(m).all():
+        m = np.where(np.isfinite(m), m, 0.0)
+    E = np.subtract(A, m, out=A if overwrite else None)
+    if E.size and E.min() < LOG_CLAMP:  # clamping is a no-op otherwise; checking is cheaper
+        np.maximum(E, LOG_CLAMP, out=E)
     np.exp(E, out=E)
     s = E.sum(axis=0)
     with np.errstate(divide="ignore"):
@@ -99,9 +104,12 @@ class Mixture(Internal):
         return data
 
     def _combine(self, data, child_lds):
-        A = np.array(child_lds, dtype=np.float64)  # fresh (K, n)
-        A += self._logw[:, None]
-        ld, E, s = log_softmax_parts(A)
+        if isinstance(child_lds, np.ndarray):  # a batched kernel's (K, n): add into a fresh array
+            A = np.add(child_lds, self._logw[:, None], dtype=np.float64)
+        else:
+            A = np.array(child_lds, dtype=np.float64)  # fresh (K, n)
+            A += self._logw[:, None]
+        ld, E, s = log_softmax_parts(A, overwrite=True)
         return ld, (E, s)
 
     def _split(self, data, w, child_lds, ld, aux):

@@ -4,33 +4,46 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, as_float_array, check_positive, spec_field
+from .base import Internal, Node, as_float_array, check_positive, prepare_by_any, spec_field
 from .cost import NodeCost, stat_bytes
-from .data import Ragged, concat_rows, n_rows
+from .data import Ragged
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT
 
 DEFAULT_MEAN_LENGTH = 10.0
 
 
-def prepare_ragged(data, child: Node, where: str, family: str) -> Ragged:
-    """Accepts a Ragged or a list of per-row arrays; checks the values against ``child``."""
+def prepare_ragged(data, children: tuple[Node, ...], where: str, family: str) -> Ragged:
+    """Accepts a Ragged or a list of per-row arrays; checks the values against ``children``
+    (one child, or the emissions of an HMM, see :func:`models.base.prepare_by_any`)."""
     if not isinstance(data, Ragged):
         if isinstance(data, np.ndarray) and data.dtype != object:
             raise DataError(f"{where}: {family} expects a list of per-row arrays or a Ragged, got a {data.ndim}-D array")
         try:
-            rows = list(data)
-        except TypeError:
+            rows = [_as_rows(r) for r in data]
+        except (TypeError, ValueError):
             raise DataError(f"{where}: {family} expects a list of per-row arrays or a Ragged, got {type(data).__name__}") from None
-        if rows and not all(n_rows(_as_rows(r)) >= 0 for r in rows):
-            raise DataError(f"{where}: {family} rows must be arrays")
-        data = Ragged.from_rows([_as_rows(r) for r in rows])
-    values = child._prepare(data.values, f"{where}.values")
+        for i, r in enumerate(rows):
+            if not _is_rows(r):
+                raise DataError(
+                    f"{where}: {family} rows must be arrays of positions (one array per row); row {i} is {r!r}"
+                )
+        data = Ragged.from_rows(rows)
+    values = prepare_by_any(children, data.values, f"{where}.values")
     return Ragged(values, data.offsets)
 
 
 def _as_rows(r):
     return r if isinstance(r, (tuple, Ragged)) else np.asarray(r)
+
+
+def _is_rows(r) -> bool:
+    """Whether ``r`` holds rows: a Ragged, an array of >= 1 dimension, or a tuple of those."""
+    if isinstance(r, Ragged):
+        return True
+    if isinstance(r, tuple):
+        return len(r) > 0 and all(_is_rows(_as_rows(c)) for c in r)
+    return r.ndim >= 1
 
 
 class Sequence(Internal):
@@ -79,7 +92,7 @@ class Sequence(Internal):
         return f"seq<{self.child.data_type()}>"
 
     def _prepare(self, data, where):
-        return prepare_ragged(data, self.child, where, self.family)
+        return prepare_ragged(data, self.children, where, self.family)
 
     def _child_data(self, data, i):
         return data.values

@@ -36,7 +36,7 @@ def simplex(k: int, low: float = 0.05) -> st.SearchStrategy[np.ndarray]:
     """A probability vector of length ``k`` with every entry at least about ``low / k``.
 
     >>> simplex(3).example()
-    array([0.61904762, 0.04761905, 0.33333333])
+    array([0.215, 0.116, 0.669])
     """
     return st.lists(_floats(low, 1.0), min_size=k, max_size=k).map(lambda v: np.array(v) / np.sum(v))
 
@@ -45,8 +45,8 @@ def stochastic_matrices(k: int, low: float = 0.05) -> st.SearchStrategy[np.ndarr
     """A ``(k, k)`` row-stochastic matrix.
 
     >>> stochastic_matrices(2).example()
-    array([[0.5       , 0.5       ],
-           [0.08333333, 0.91666667]])
+    array([[0.465, 0.535],
+           [0.377, 0.623]])
     """
     return st.lists(simplex(k, low), min_size=k, max_size=k).map(np.array)
 
@@ -55,7 +55,7 @@ def mean_lengths(low: float = 2.0, high: float = 5.0) -> st.SearchStrategy[float
     """A sequence's or HMM's mean length.
 
     >>> mean_lengths().example()
-    3.25
+    4.720325761238291
     """
     return _floats(low, high)
 
@@ -65,7 +65,7 @@ def gaussians() -> st.SearchStrategy[Gaussian]:
     """``Gaussian(mean in [-5, 5], var in [0.1, 5])``.
 
     >>> gaussians().example()
-    Gaussian(mean=-1.5, var=0.833)
+    Gaussian(mean=-3.441, var=3.964)
     """
     return st.builds(Gaussian, _floats(-5.0, 5.0), _floats(0.1, 5.0))
 
@@ -74,7 +74,7 @@ def diag_gaussians(dim: int | None = None) -> st.SearchStrategy[DiagGaussian]:
     """A ``DiagGaussian`` of dimension ``dim`` (drawn in 1..3 when None).
 
     >>> diag_gaussians().example()
-    DiagGaussian(mean=[ 1.   -3.75], var=[0.1 2.2])
+    DiagGaussian(mean=[ 1.    -2.468  0.   ], var=[2.279 4.146 0.962])
     """
     dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
     return dims.flatmap(lambda d: st.builds(
@@ -95,22 +95,21 @@ def full_gaussians(dim: int | None = None) -> st.SearchStrategy[FullGaussian]:
     """A ``FullGaussian`` of dimension ``dim`` (1..3 when None); ``cov = A A^T / d + D``.
 
     >>> full_gaussians().example()
-    FullGaussian(mean=[ 0.5 -2. ], cov=[[ 0.767 -0.2  ] [-0.2    1.1  ]])
+    FullGaussian(mean=[ 1.  0. -0.], cov=[[1.321 0.12  0.162] [0.12  1.612 0.136] [0.162 0.136 0.905]])
     """
     dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
-    return dims.flatmap(lambda d: st.builds(
-        lambda mean, a, diag: FullGaussian(np.array(mean), _covariance(a, diag)),
+    return dims.flatmap(lambda d: st.tuples(
         st.lists(_floats(-5.0, 5.0), min_size=d, max_size=d),
         st.lists(_floats(-1.0, 1.0), min_size=d * d, max_size=d * d),
         st.lists(_floats(0.2, 2.0), min_size=d, max_size=d),
-    ))
+    ).map(lambda mad: FullGaussian(np.array(mad[0]), _covariance(mad[1], mad[2]))))
 
 
 def categoricals(n_values: int | None = None) -> st.SearchStrategy[Categorical]:
     """A ``Categorical`` over ``n_values`` values (2..5 when None), every probability > 0.
 
     >>> categoricals().example()
-    Categorical(probs=[0.2   0.467 0.333])
+    Categorical(probs=[0.226 0.23  0.347 0.198])
     """
     sizes = st.just(n_values) if n_values is not None else st.integers(2, MAX_VALUES)
     return sizes.flatmap(lambda v: simplex(v).map(Categorical))
@@ -120,7 +119,7 @@ def poissons() -> st.SearchStrategy[Poisson]:
     """``Poisson(rate in [0.2, 10])``.
 
     >>> poissons().example()
-    Poisson(rate=3.5)
+    Poisson(rate=8.574)
     """
     return st.builds(Poisson, _floats(0.2, 10.0))
 
@@ -129,7 +128,7 @@ def exponentials() -> st.SearchStrategy[Exponential]:
     """``Exponential(rate in [0.2, 5])``.
 
     >>> exponentials().example()
-    Exponential(rate=1.25)
+    Exponential(rate=4.)
     """
     return st.builds(Exponential, _floats(0.2, 5.0))
 
@@ -138,9 +137,9 @@ def leaves() -> st.SearchStrategy[Node]:
     """Any leaf family with valid random parameters and small dimensions.
 
     >>> leaves().example()
-    Poisson(rate=0.2)
+    Gaussian(mean=0., var=0.1)
     >>> leaves().example()
-    FullGaussian(mean=[-5.], cov=[[1.2]])
+    Poisson(rate=3.882)
     """
     return st.one_of(gaussians(), diag_gaussians(), full_gaussians(), categoricals(), poissons(),
                      exponentials())
@@ -163,8 +162,10 @@ def like(model: Node) -> st.SearchStrategy[Node]:
     """A node with ``model``'s structure and data type (families, dimensions, sizes) and
     freshly drawn parameters: the way mixtures and HMMs draw agreeing components.
 
-    >>> like(Composite([Gaussian(0, 1), Categorical([0.5, 0.5])])).example()
-    Composite(...)   # children: Gaussian(mean=2.25, var=0.1), Categorical(probs=[0.9 0.1])
+    >>> like(Composite([Gaussian(0, 1), Categorical([0.5, 0.5])])).example()   # as a tree:
+    Composite of 2
+      Gaussian(mean=2.864, var=0.274)
+      Categorical(probs=[0.438 0.562])
     """
     if isinstance(model, Gaussian):
         return gaussians()
@@ -187,7 +188,7 @@ def like(model: Node) -> st.SearchStrategy[Node]:
     if isinstance(model, HMM):
         return st.builds(HMM, kids, stochastic_matrices(k), simplex(k), mean_lengths())
     if isinstance(model, Sequence):
-        return st.builds(lambda c, L: Sequence(c[0], L), kids, mean_lengths())
+        return st.tuples(kids, mean_lengths()).map(lambda cl: Sequence(cl[0][0], cl[1]))
     raise TypeError(f"like() does not know {type(model).__name__}")
 
 
@@ -205,8 +206,11 @@ def _components(children: st.SearchStrategy[Node], max_k: int) -> st.SearchStrat
 def mixture_of(children: st.SearchStrategy[Node], max_components: int = MAX_COMPONENTS) -> st.SearchStrategy[Mixture]:
     """A ``Mixture`` of 1..3 components of one structure, the first drawn from ``children``.
 
-    >>> mixture_of(leaves()).example()
-    Mixture(...)   # components: Poisson(rate=2.), Poisson(rate=7.5); weights [0.3 0.7]
+    >>> mixture_of(leaves()).example()   # as a tree:
+    Mixture K=3
+      DiagGaussian(mean=[-1.23  -4.079  4.157], var=[2.112 4.937 5.   ])
+      DiagGaussian(mean=[ 2.402  0.    -0.   ], var=[4.945 2.471 2.629])
+      DiagGaussian(mean=[2.591 2.146 4.553], var=[3.328 0.547 3.94 ])
     """
     return _components(children, max_components).flatmap(
         lambda comps: simplex(len(comps)).map(lambda w: Mixture(comps, w)))
@@ -216,8 +220,11 @@ def hmm_of(children: st.SearchStrategy[Node], max_states: int = MAX_COMPONENTS) 
     """An ``HMM`` with 1..3 states whose emissions share the first one's structure, mean
     length 2..5; the child itself when a sequence would exceed ``MAX_POSITIONS``.
 
-    >>> hmm_of(leaves()).example()
-    HMM(...)   # emissions: Gaussian(mean=-3, var=1), Gaussian(mean=4, var=0.5); transitions 2x2
+    >>> hmm_of(leaves()).example()   # as a tree:
+    HMM K=3 L~3.57
+      FullGaussian(mean=[-0.], cov=[[1.9]])
+      FullGaussian(mean=[-0.], cov=[[0.682]])
+      FullGaussian(mean=[1.822], cov=[[1.951]])
     """
 
     def build(comps):
@@ -225,8 +232,8 @@ def hmm_of(children: st.SearchStrategy[Node], max_states: int = MAX_COMPONENTS) 
         if room < 2.0:
             return st.just(comps[0])
         k = len(comps)
-        return st.builds(lambda A, p, L: HMM(comps, A, p, L), stochastic_matrices(k), simplex(k),
-                         mean_lengths(2.0, min(5.0, room)))
+        return st.tuples(stochastic_matrices(k), simplex(k), mean_lengths(2.0, min(5.0, room))).map(
+            lambda apl: HMM(comps, *apl))
 
     return _components(children, max_states).flatmap(build)
 
@@ -235,8 +242,9 @@ def sequence_of(children: st.SearchStrategy[Node]) -> st.SearchStrategy[Node]:
     """A ``Sequence`` of the drawn child with mean length 2..5; the child itself when a
     sequence would exceed ``MAX_POSITIONS``.
 
-    >>> sequence_of(leaves()).example()
-    Sequence(...)   # child: Categorical(probs=[0.25 0.75]); mean_length 4.5
+    >>> sequence_of(leaves()).example()   # as a tree:
+    Sequence L~2.73
+      Categorical(probs=[0.862 0.138])
     """
 
     def build(child):
@@ -251,8 +259,11 @@ def sequence_of(children: st.SearchStrategy[Node]) -> st.SearchStrategy[Node]:
 def composite_of(children: st.SearchStrategy[Node], max_fields: int = 3) -> st.SearchStrategy[Composite]:
     """A ``Composite`` of 1..3 drawn fields (trailing fields dropped beyond ``MAX_LEAVES``).
 
-    >>> composite_of(leaves()).example()
-    Composite(...)   # fields: Exponential(rate=0.2), DiagGaussian d=2
+    >>> composite_of(leaves()).example()   # as a tree:
+    Composite of 3
+      Exponential(rate=3.895)
+      FullGaussian(mean=[-2.988], cov=[[0.342]])
+      DiagGaussian(mean=[0.], var=[0.269])
     """
 
     def build(fields):
@@ -271,10 +282,22 @@ def models(max_leaves: int = MAX_LEAVES) -> st.SearchStrategy[Node]:
     """Random nested model trees: leaves under Composite, Mixture, HMM and Sequence nodes
     in any nesting where data types agree, at most ``MAX_LEAVES`` leaves.
 
+    >>> models().example()   # as a tree:
+    HMM K=3 L~4.37
+      Mixture K=1
+        HMM K=2 L~2.11
+          Mixture K=1
+            Exponential(rate=5.)
+          Mixture K=1
+            Exponential(rate=0.873)
+      Mixture K=1
+        HMM K=2 L~3.36
+          ...
     >>> models().example()
-    Composite(...)   # [Mixture K=2 of DiagGaussian d=2, Sequence L~3.1 of HMM K=2 of Poisson]
-    >>> models().example().to_spec()["family"]
-    'HMM'
+    Sequence L~2
+      Sequence L~3
+        Mixture K=1
+          Poisson(rate=10.)
     """
     return st.recursive(
         leaves(),
@@ -289,7 +312,7 @@ def seeds() -> st.SearchStrategy[int]:
     """A seed for ``numpy.random.default_rng``.
 
     >>> seeds().example()
-    2710493
+    306
     """
     return st.integers(0, 2**32 - 1)
 
@@ -299,7 +322,7 @@ def data_for(model: Node, min_rows: int = 1, max_rows: int = 60) -> st.SearchStr
     encoding (an array, a tuple of columns, or a ``Ragged``).
 
     >>> data_for(Gaussian(0, 1), 3, 3).example()
-    array([ 0.1241, -1.0522,  0.3377])
+    array([-0.695,  0.032,  0.809])
     """
     return st.tuples(st.integers(min_rows, max_rows), seeds()).map(
         lambda ns: model.sample(ns[0], np.random.default_rng(ns[1])))
@@ -309,7 +332,7 @@ def weights_for(n: int, low: float = 0.0, high: float = 3.0) -> st.SearchStrateg
     """``n`` row weights in ``[low, high]`` with at least one positive.
 
     >>> weights_for(4).example()
-    array([0. , 2.5, 1. , 0.3])
+    array([2.719, 1.016, 1.507, 0.   ])
     """
     return st.lists(_floats(low, high), min_size=n, max_size=n).map(np.array).filter(lambda w: w.max() > 0)
 
@@ -318,8 +341,10 @@ def models_with_data(model_strategy: st.SearchStrategy[Node] | None = None, min_
                      max_rows: int = 60) -> st.SearchStrategy[tuple[Node, object]]:
     """``(model, data)``: a drawn model and rows it sampled itself.
 
-    >>> models_with_data().example()
-    (Gaussian(mean=1.5, var=0.4), array([1.9, 0.8, 1.1]))
+    >>> models_with_data(gaussians(), 3, 3).example()
+    (Gaussian(mean=0., var=0.1), array([ 0.04 , -0.042,  0.203]))
+    >>> models_with_data().example()   # a Sequence and a Ragged of its rows
+    (Sequence(...), Ragged(values=array([...]), offsets=array([0, 2, 2, 5, ...])))
     """
     model_strategy = models() if model_strategy is None else model_strategy
     return model_strategy.flatmap(lambda m: data_for(m, min_rows, max_rows).map(lambda x: (m, x)))

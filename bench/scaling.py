@@ -1,0 +1,349 @@
+"""Scaling of the executors on this machine: speedup, model parallelism, prediction, overhead.
+
+Four measurements, all in one run (the MPI runs are this script started again under
+``mpiexec``, reading the same ``.npy`` dataset memory-mapped by row range):
+
+1. **Speedup** on a compute-bound model (a mixture of full-covariance Gaussians, N about
+   1e6): ``local`` (one worker) against 2 workers with ``multiprocessing`` and with ``mpi``;
+   per-iteration time is the median over iterations after the first.
+2. **Model parallelism**: a composite of two full-covariance mixtures on a ``1x2`` plan
+   (one mixture per shard) gives the ``1x1`` trace, and the coupling bytes measured equal
+   the planner's prediction (``n * plan.extra["coupling_bytes_per_row"]``).
+3. **Prediction**: for every run, the planner's predicted iteration time (its objective,
+   with the FLOP rate of ``bench/results/calibration.json``) against the measured one.
+4. **Fixed overhead** per iteration of each executor (a tiny model, many iterations), which
+   turns the seed's "when to distribute" rule into numbers for this machine.
+
+BLAS is limited to one thread per process (here and in every worker), so ``local`` is one
+core and ``W`` workers are ``W`` cores.
+
+Usage::
+
+    python bench/scaling.py                 # writes bench/results/scaling.{json,md}
+    python bench/scaling.py --quick         # N = 2e5, fewer iterations (a smoke run)
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pickle  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from executors import NpyDataset, optimize  # noqa: E402
+from models import Composite, FullGaussian, Gaussian, Mixture  # noqa: E402
+from planner import Network, Resources, plan_from_assignment  # noqa: E402
+from planner.plan import BalancePlan  # noqa: E402
+from planner.resources import DEFAULT_FLOPS_PER_S  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+#: Networks the plans are priced with: pipes between processes, and MPI's shared memory
+#: (``Resources.local`` and ``Resources.from_mpi`` use the same figures).
+PIPES = Network(latency_s=200e-6, bytes_per_s=4e9)
+SHARED_MEMORY = Network(latency_s=10e-6, bytes_per_s=5e9)
+
+
+# ---------------------------------------------------------------- models and data
+def full_mixture(k: int, d: int, rng: np.random.Generator, spread: float = 3.0) -> Mixture:
+    comps = []
+    for _ in range(k):
+        a = rng.standard_normal((d, d))
+        comps.append(FullGaussian(rng.normal(0.0, spread, d), a @ a.T / d + np.eye(d)))
+    return Mixture(comps, np.full(k, 1.0 / k))
+
+
+def speedup_case(n: int, d: int, k: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    truth, start = full_mixture(k, d, rng), full_mixture(k, d, rng)
+    return start, truth.sample(n, rng)
+
+
+def model_parallel_case(n: int, d: int, k: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    truth = Composite([full_mixture(k, d, rng), full_mixture(k, d, rng)])
+    start = Composite([full_mixture(k, d, rng), full_mixture(k, d, rng)])
+    return start, truth.sample(n, rng)
+
+
+def calibrated_rate() -> tuple[float, str]:
+    path = RESULTS / "calibration.json"
+    try:
+        return float(json.loads(path.read_text())["flops_per_s"]), str(path.relative_to(ROOT))
+    except (OSError, KeyError, ValueError):
+        return DEFAULT_FLOPS_PER_S, f"default {DEFAULT_FLOPS_PER_S:.3g} (no {path.relative_to(ROOT)})"
+
+
+def make_plan(model, n: int, d: int, m: int, rate: float, network: Network, shard_of_leaf=None) -> BalancePlan:
+    sol = shard_of_leaf or {p: 0 for p, _ in model.leaves()}
+    return plan_from_assignment(model, Resources.uniform(d * m, flops_per_s=rate, network=network), n,
+                                data_parallel=d, model_parallel=m, shard_of_leaf=sol)
+
+
+# ---------------------------------------------------------------- running
+def write_dataset(data, directory: Path, model) -> NpyDataset:
+    """Writes the rows, flushes them to disk and reads them once, so no run pays for the
+    writeback of dirty pages or the first read from disk."""
+    dataset = NpyDataset.write(data, directory, model=model)
+    os.sync()
+    for path in sorted(directory.glob("*.npy")):
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    return dataset
+
+
+def best_of(rounds: int, runs: dict) -> dict[str, dict]:
+    """Each run ``rounds`` times, interleaved (a noisy neighbour slows all of them alike);
+    the fastest round of each counts."""
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            r = run()
+            if name not in best or r["iteration_s"] < best[name]["iteration_s"]:
+                best[name] = r
+    return best
+
+
+def per_iteration(timings: list[dict]) -> float:
+    """Median iteration time, the first iteration (warm-up: page faults, imports) left out."""
+    rows = timings[1:] if len(timings) > 1 else timings
+    return statistics.median(t["total"] for t in rows)
+
+
+def run_here(executor: str, dataset: NpyDataset, model, plan: BalancePlan, iters: int) -> dict:
+    t0 = time.perf_counter()
+    res = optimize(dataset, model, plan=plan, executor=executor, max_iter=iters, tol=0.0)
+    return summarize(res, time.perf_counter() - t0)
+
+
+def summarize(res, wall_s: float) -> dict:
+    phases = {k: statistics.median(t[k] for t in (res.timings[1:] or res.timings)) for k in res.timings[0]}
+    return {"executor": res.executor, "grid": f"{res.plan.data_parallel}x{res.plan.model_parallel}",
+            "trace": res.log_likelihood, "iteration_s": per_iteration(res.timings), "phases_s": phases,
+            "bytes": res.bytes_moved[-1], "predicted_s": res.plan.predicted_iteration_s,
+            "predicted_breakdown": res.plan.breakdown.model_dump(), "wall_s": wall_s}
+
+
+def run_mpi(dataset: NpyDataset, model, plan: BalancePlan, iters: int, work: Path) -> dict:
+    """This script under ``mpiexec -n workers_used``; rank 0 writes the summary."""
+    job = work / f"mpi-{time.monotonic_ns()}"
+    job.mkdir()
+    (job / "model.pkl").write_bytes(pickle.dumps(model))
+    (job / "plan.json").write_text(plan.to_json())
+    cmd = [str(MPIEXEC), "-n", str(plan.workers_used), sys.executable, str(Path(__file__).resolve()),
+           "--mpi-child", str(job), "--dataset", str(dataset.directory), "--iters", str(iters)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    out = json.loads((job / "result.json").read_text())
+    out["launch_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def mpi_child(job: Path, dataset_dir: str, iters: int) -> None:
+    from mpi4py import MPI
+
+    model = pickle.loads((job / "model.pkl").read_bytes())
+    plan = BalancePlan.from_json((job / "plan.json").read_text())
+    MPI.COMM_WORLD.Barrier()
+    t0 = time.perf_counter()
+    res = optimize(NpyDataset(dataset_dir), model, plan=plan, executor="mpi", max_iter=iters, tol=0.0)
+    wall = time.perf_counter() - t0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        (job / "result.json").write_text(json.dumps(summarize(res, wall)))
+
+
+# ---------------------------------------------------------------- the four measurements
+def measure_speedup(args, rate: float, work: Path) -> dict:
+    model, data = speedup_case(args.n, args.d, args.k)
+    dataset = write_dataset(data, work / "speedup", model)
+    del data
+    n = dataset.n_rows
+    runs = {
+        "local": lambda: run_here("local", dataset, model, make_plan(model, n, 1, 1, rate, PIPES), args.iters),
+        "multiprocessing": lambda: run_here("multiprocessing", dataset, model, make_plan(model, n, 2, 1, rate, PIPES),
+                                            args.iters),
+    }
+    if MPIEXEC.exists():
+        runs["mpi"] = lambda: run_mpi(dataset, model, make_plan(model, n, 2, 1, rate, SHARED_MEMORY), args.iters, work)
+    best = best_of(args.rounds, runs)
+    base = best["local"]["iteration_s"]
+    for r in best.values():
+        r["speedup"] = base / r["iteration_s"]
+        r["trace_rel_diff"] = rel_diff(r["trace"], best["local"]["trace"])
+    return {"model": f"Mixture of {args.k} FullGaussian d={args.d}", "n": n, "runs": best}
+
+
+def measure_model_parallel(args, rate: float, work: Path) -> dict:
+    n = max(2, args.n // 5)
+    model, data = model_parallel_case(n, args.d, args.k // 2 or 1)
+    dataset = write_dataset(data, work / "model_parallel", model)
+    del data
+    split = {p: int(p.split(".")[0]) for p, _ in model.leaves()}  # one mixture per shard
+    runs = {
+        "local 1x1": lambda: run_here("local", dataset, model, make_plan(model, n, 1, 1, rate, PIPES), args.iters),
+        "local 1x2": lambda: run_here("local", dataset, model, make_plan(model, n, 1, 2, rate, PIPES, split),
+                                      args.iters),
+        "multiprocessing 1x2": lambda: run_here("multiprocessing", dataset, model,
+                                                make_plan(model, n, 1, 2, rate, PIPES, split), args.iters),
+    }
+    if MPIEXEC.exists():
+        runs["mpi 1x2"] = lambda: run_mpi(dataset, model, make_plan(model, n, 1, 2, rate, SHARED_MEMORY, split),
+                                          args.iters, work)
+    runs = best_of(args.rounds, runs)
+    plan = make_plan(model, n, 1, 2, rate, PIPES, split)
+    predicted_bytes = n * plan.extra["coupling_bytes_per_row"]
+    for r in runs.values():
+        r["trace_rel_diff"] = rel_diff(r["trace"], runs["local 1x1"]["trace"])
+        r["coupling_bytes_predicted"] = predicted_bytes if r["grid"] == "1x2" else 0
+        r["coupling_bytes_measured"] = r["bytes"]["coupling"]
+    return {"model": f"Composite of 2 x Mixture of {args.k // 2 or 1} FullGaussian d={args.d}", "n": n,
+            "runs": runs}
+
+
+def measure_overhead(args, rate: float, work: Path) -> dict:
+    model = Gaussian(0.0, 1.0)
+    n = 1000
+    data = Gaussian(0.5, 2.0).sample(n, np.random.default_rng(2))
+    dataset = write_dataset(data, work / "tiny", model)
+    runs = {
+        "local 1x1": lambda: run_here("local", dataset, model, make_plan(model, n, 1, 1, rate, PIPES), args.tiny_iters),
+        "multiprocessing 2x1": lambda: run_here("multiprocessing", dataset, model,
+                                                make_plan(model, n, 2, 1, rate, PIPES), args.tiny_iters),
+    }
+    if MPIEXEC.exists():
+        runs["mpi 2x1"] = lambda: run_mpi(dataset, model, make_plan(model, n, 2, 1, rate, SHARED_MEMORY),
+                                          args.tiny_iters, work)
+    runs = best_of(args.rounds, runs)
+    return {"model": "Gaussian", "n": n, "iterations": args.tiny_iters, "runs": runs}
+
+
+def rel_diff(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1.0)))
+
+
+# ---------------------------------------------------------------- report
+def report(out: dict) -> str:
+    lines = [f"# Executor scaling on this machine ({out['cores']} cores)", "",
+             f"FLOP rate for predictions: {out['flops_per_s']:.3g} FLOP/s ({out['rate_source']}).",
+             f"Load average (1 min) before / after: {out['load_average_before']:.2f} / "
+             f"{out['load_average_after']:.2f} (other processes on these cores slow the parallel runs).", "",
+             "Command: `" + out["command"] + "`", ""]
+    sp = out["speedup"]
+    lines += [f"## 1. Speedup: {sp['model']}, N={sp['n']}", "",
+              "| executor | grid | s/iteration | speedup vs local (target >= 1.7x) | predicted s | "
+              "measured/predicted (target 0.7-1.3) | trace diff |", "|---|---|---|---|---|---|---|"]
+    for name, r in sp["runs"].items():
+        lines.append(f"| {name} | {r['grid']} | {r['iteration_s']:.4f} | {r['speedup']:.2f}x | {r['predicted_s']:.4f} "
+                     f"| {ratio(r)} | {r['trace_rel_diff']:.1e} |")
+    mp = out["model_parallel"]
+    lines += ["", f"## 2. Model parallel: {mp['model']}, N={mp['n']}", "",
+              "| run | s/iteration | predicted s | measured/predicted | trace diff vs 1x1 | coupling bytes measured "
+              "| predicted |", "|---|---|---|---|---|---|---|"]
+    for name, r in mp["runs"].items():
+        lines.append(f"| {name} | {r['iteration_s']:.4f} | {r['predicted_s']:.4f} | "
+                     f"{ratio(r)} | {r['trace_rel_diff']:.1e} | "
+                     f"{r['coupling_bytes_measured']} | {r['coupling_bytes_predicted']:.0f} |")
+    ov = out["overhead"]
+    lines += ["", f"## 3. Fixed overhead per iteration: {ov['model']}, N={ov['n']}, {ov['iterations']} iterations", "",
+              "| run | s/iteration | predicted | broadcast | compute | reduce | M-step |", "|---|---|---|---|---|---|---|"]
+    for name, r in ov["runs"].items():
+        ph = r["phases_s"]
+        lines.append(f"| {name} | {r['iteration_s'] * 1e6:.0f} us | {r['predicted_s'] * 1e6:.0f} us | "
+                     f"{ph['broadcast'] * 1e6:.0f} us | "
+                     f"{ph['compute'] * 1e6:.0f} us | {ph['reduce'] * 1e6:.0f} us | {ph['mstep'] * 1e6:.0f} us |")
+    lines += ["", "## When to distribute, on this machine", "", out["rule"], ""]
+    return "\n".join(lines)
+
+
+def ratio(r: dict) -> str:
+    q = r["iteration_s"] / r["predicted_s"]
+    return f"{q:.2f}" + ("" if 0.7 <= q <= 1.3 else " (outside 30%)")
+
+
+def distribution_rule(out: dict) -> str:
+    ov = out["overhead"]["runs"]
+    local = ov["local 1x1"]["iteration_s"]
+    parts = []
+    for name in ("multiprocessing 2x1", "mpi 2x1"):
+        if name in ov:
+            extra = max(0.0, ov[name]["iteration_s"] - local)
+            # W workers save T * (1 - 1/W) of compute per iteration; distribute when that beats the extra overhead
+            need = 2.0 * extra
+            parts.append(f"- **{name.split()[0]}** (2 workers): fixed cost {extra * 1e6:.0f} us per iteration beyond "
+                         f"local, so two workers pay off once one worker's E-step takes more than about "
+                         f"{need * 1e3:.2f} ms per iteration (`T_1 * (1 - 1/W) > overhead`).")
+    rate = out["flops_per_s"]
+    lines = [f"Per-iteration fixed cost of `local` is {local * 1e6:.0f} us."] + parts
+    if parts:
+        need = 2.0 * max(0.0, ov.get("mpi 2x1", ov["multiprocessing 2x1"])["iteration_s"] - local)
+        lines.append(f"At {rate:.3g} FLOP/s per core that is N * flops_per_row above about {need * rate:.3g} "
+                     f"FLOPs per iteration: e.g. a diagonal Gaussian mixture (K=16, d=16, ~2.3e3 FLOPs/row) "
+                     f"needs N above ~{need * rate / 2.3e3:.2g} rows.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--d", type=int, default=16)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--tiny-iters", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="N=2e5, 4 iterations, 1 round")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--mpi-child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--dataset", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mpi_child:
+        mpi_child(args.mpi_child, args.dataset, args.iters)
+        return
+    if args.quick:
+        args.n, args.iters, args.tiny_iters, args.rounds = 200_000, 4, 100, 1
+    rate, source = calibrated_rate()
+    work = Path(tempfile.mkdtemp(prefix="emgrid-scaling-"))
+    try:
+        out = {"cores": len(os.sched_getaffinity(0)), "flops_per_s": rate, "rate_source": source,
+               "command": "python bench/scaling.py" + (" --quick" if args.quick else ""),
+               "load_average_before": os.getloadavg()[0]}
+        out["speedup"] = measure_speedup(args, rate, work)
+        out["model_parallel"] = measure_model_parallel(args, rate, work)
+        out["overhead"] = measure_overhead(args, rate, work)
+        out["rule"] = distribution_rule(out)
+        out["load_average_after"] = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for section in ("speedup", "model_parallel", "overhead"):
+        for r in out[section]["runs"].values():
+            r.pop("trace", None)
+    text = report(out)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scaling.json").write_text(json.dumps(out, indent=1))
+    (args.out / "scaling.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""Interchangeable EM engines that realize a balance plan's whole ``D x M`` grid.
+
+``optimize`` plans when needed and runs EM on an executor chosen by name (``get``):
+``"local"`` (in-process), ``"multiprocessing"`` (worker processes on this machine) or
+``"mpi"`` (one rank per worker under ``mpiexec``). Every executor runs the same worker step
+(:mod:`executors.step`); they differ only in how bytes move.
+"""
+
+from .api import optimize
+from .datafiles import NpyDataset
+from .protocol import Executor, FitJob
+from .registry import get, names, register
+from .result import PHASES, FitResult
+
+__all__ = ["optimize", "get", "names", "register", "FitResult", "Executor", "FitJob", "NpyDataset", "PHASES"]

@@ -1,0 +1,86 @@
+"""Prepared data on disk: one ``.npy`` file per leaf column and per offsets array.
+
+Worker processes open a dataset memory-mapped and slice their own row range, so no
+process ever reads (or is sent) rows that are not its own. ``layout.json`` records how the
+files nest (tuples for composites, ``Ragged`` for sequences and HMMs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from models import Node, Ragged, n_rows
+from models.data import Data, _ragged_unchecked
+from models.errors import DataError
+
+LAYOUT = "layout.json"
+
+
+class NpyDataset:
+    """A directory written by :meth:`write`: prepared data, opened memory-mapped."""
+
+    def __init__(self, directory):
+        self.directory = Path(directory)
+        try:
+            meta = json.loads((self.directory / LAYOUT).read_text())
+        except OSError as e:
+            raise DataError(f"{str(self.directory)!r} is not an emgrid dataset: cannot read {LAYOUT} ({e.strerror})") from None
+        self.layout = meta["layout"]
+        self.n_rows = int(meta["n_rows"])
+
+    @classmethod
+    def write(cls, data: Data, directory, model: Node | None = None) -> "NpyDataset":
+        """Writes ``data`` (prepared with ``model.prepare`` first when ``model`` is given)."""
+        if model is not None:
+            data = model.prepare(data)
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        counter = iter(range(1 << 30))
+
+        def put(d):
+            if d is None:
+                return {"kind": "none"}
+            if isinstance(d, tuple):
+                return {"kind": "tuple", "items": [put(c) for c in d]}
+            if isinstance(d, Ragged):
+                return {"kind": "ragged", "values": put(d.values), "offsets": save(d.offsets)}
+            return {"kind": "array", "file": save(d)}
+
+        def save(arr):
+            name = f"c{next(counter)}.npy"
+            np.save(directory / name, np.asarray(arr), allow_pickle=False)
+            return name
+
+        layout = put(data)
+        (directory / LAYOUT).write_text(json.dumps({"layout": layout, "n_rows": n_rows(data)}))
+        return cls(directory)
+
+    def open(self) -> Data:
+        """Every column, memory-mapped read-only (nothing is read until it is sliced and used)."""
+
+        def get(node):
+            kind = node["kind"]
+            if kind == "none":
+                return None
+            if kind == "tuple":
+                return tuple(get(c) for c in node["items"])
+            if kind == "ragged":
+                return _ragged_unchecked(get(node["values"]), self._load(node["offsets"]))
+            return self._load(node["file"])
+
+        return get(self.layout)
+
+    def _load(self, name: str) -> np.ndarray:
+        path = self.directory / name
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError:  # an empty array cannot be mapped
+            arr = np.load(path, allow_pickle=False)
+        return np.asarray(arr)
+
+    def __repr__(self) -> str:
+        return f"NpyDataset({str(self.directory)!r}, n_rows={self.n_rows})"
+

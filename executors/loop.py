@@ -1,0 +1,106 @@
+"""The EM loop as the coordinator runs it, over any transport.
+
+Per iteration: broadcast the model, run the grid's E-step (compute and coupling on the
+workers, reduce to the coordinator), stop on non-finite statistics, run the M-step once,
+record the phase times and bytes, check convergence, call the callback. A transport
+implements :class:`Grid`: how the model reaches the workers and how their shares come back.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Protocol
+
+from models import Node, Stats
+from models.errors import FitError
+
+from .protocol import FitJob
+from .result import FitResult
+from .step import PROTOCOL
+
+
+@dataclass
+class GridOutcome:
+    """One E-step of the whole grid, as the coordinator receives it."""
+
+    stats: Stats
+    loglik: float
+    compute_s: float  # slowest worker's (or, run one after another, the sum)
+    coupling_s: float
+    reduce_s: float
+    coupling_bytes: int
+    reduce_bytes: int
+    receive_s: float = 0.0  # slowest worker's unpickling of the broadcast model
+
+
+class Grid(Protocol):
+    """A transport's side of one fit, as the coordinator drives it."""
+
+    def broadcast(self, model: Node, payload: bytes) -> None:
+        """Makes ``model`` (pickled as ``payload``) the model of every worker."""
+
+    def e_step(self, iteration: int) -> GridOutcome:
+        """Runs every worker's step on the current model and reduces their shares."""
+
+
+def critical_path(shares, wall_s: float) -> dict[str, float]:
+    """Phase seconds of a parallel E-step that took ``wall_s`` on the coordinator.
+
+    ``receive_s`` (unpickling the model), ``compute_s`` and ``coupling_s`` are the slowest
+    worker's; ``reduce_s`` is what the coordinator waited beyond the busiest worker, plus
+    its own summing.
+    """
+    busiest = max(s.receive_s + s.compute_s + s.coupling_s for s in shares)
+    return {"receive_s": max(s.receive_s for s in shares), "compute_s": max(s.compute_s for s in shares),
+            "coupling_s": max(s.coupling_s for s in shares), "reduce_s": max(0.0, wall_s - busiest)}
+
+
+def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
+    """EM from ``job.model`` until converged or ``job.max_iter`` iterations."""
+    model = job.model
+    result = FitResult(model=model, plan=job.plan, executor=executor)
+    previous: float | None = None
+    for it in range(1, job.max_iter + 1):
+        t_start = perf_counter()
+        payload = pickle.dumps(model, protocol=PROTOCOL)
+        grid.broadcast(model, payload)
+        t_bcast = perf_counter()
+        out = grid.e_step(it)
+        check_finite(model, out, it)
+        t_m = perf_counter()
+        new_model = model.estimate(out.stats)
+        t_end = perf_counter()
+        result.timings.append({
+            "broadcast": t_bcast - t_start + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,
+            "reduce": out.reduce_s, "mstep": t_end - t_m, "total": t_end - t_start,
+        })
+        result.bytes_moved.append({
+            "broadcast": len(payload), "compute": 0, "coupling": out.coupling_bytes,
+            "reduce": out.reduce_bytes, "mstep": 0,
+        })
+        ll = out.loglik
+        result.log_likelihood.append(ll)
+        result.iterations = it
+        result.model = model = new_model
+        result.converged = previous is not None and abs(ll - previous) <= job.tol * abs(ll)
+        if job.callback is not None:
+            job.callback(it, ll, result)
+        if result.converged:
+            break
+        previous = ll
+    return result
+
+
+def check_finite(model: Node, out: GridOutcome, it: int) -> None:
+    """Stops the fit when the log-likelihood or some node's statistics are not finite."""
+    path = out.stats.first_nonfinite()
+    if path is not None:
+        node = model.node_at(path)
+        raise FitError(f"iteration {it}: the statistics of node {path or '<root>'!r} ({node.describe()}) "
+                       f"are not finite; the model's parameters or the data make its E-step overflow")
+    if not math.isfinite(out.loglik):
+        raise FitError(f"iteration {it}: the log-likelihood is {out.loglik}; some row has zero density "
+                       f"under the current model")

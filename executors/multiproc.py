@@ -1,0 +1,272 @@
+"""The multiprocessing executor: one worker process per grid cell on this machine.
+
+Bytes move over pipes: the parent (the coordinator) sends each worker the pickled model
+and receives its pickled statistics; the shards of a replica exchange their per-row log
+densities directly, over one pipe per pair of shards. Rows never pass through the parent:
+the data lives in ``.npy`` files (written once to a temporary directory when the caller
+gave arrays) that every worker maps for its own row range only.
+
+Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS limited to one
+thread: several processes each running several BLAS threads on the same cores are many
+times slower than one thread each. A worker that raises or dies stops the fit with a
+FitError naming it and the iteration; the parent never blocks on a dead worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import tempfile
+import traceback
+from contextlib import contextmanager
+from multiprocessing.connection import Connection, wait
+from time import perf_counter
+from typing import ClassVar
+
+from models import Node
+from models.errors import ConfigError, FitError
+
+from .datafiles import NpyDataset
+from .loop import GridOutcome, critical_path, run_em
+from .protocol import BaseExecutor, FitJob
+from .result import FitResult
+from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares
+
+#: Environment every worker starts with, so that numpy's BLAS runs one thread per process.
+SINGLE_THREAD_ENV = {
+    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1",
+}
+_STOP = b""
+
+
+def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connection,
+                 peers: dict[int, Connection]) -> None:
+    """A worker process: map its rows, then run one step per model received until told to stop."""
+    try:
+        step = WorkerStep.from_full(model, spec, NpyDataset(directory).open())
+        control.send(("ready", None))
+        while True:
+            payload = control.recv_bytes()
+            if payload == _STOP:
+                return
+            t0 = perf_counter()
+            model = pickle.loads(payload)
+            received = perf_counter() - t0
+            share = step.run(model, lambda mine: _exchange(spec.shard, peers, mine))
+            control.send(("share", (share.loglik, share.compute_s, share.coupling_s, share.coupling_bytes, received)))
+            control.send_bytes(share.payload())
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        return  # the parent or a peer went away; the parent reports what happened
+    except BaseException:
+        try:
+            control.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+
+
+def _exchange(me: int, peers: dict[int, Connection], mine: dict) -> dict:
+    """Allgather over the replica's shards: pairs in one global order, so no send waits forever."""
+    blob = pickle.dumps(mine, protocol=PROTOCOL)
+    every = dict(mine)
+    for peer in sorted(peers):
+        conn = peers[peer]
+        if me < peer:
+            conn.send_bytes(blob)
+            got = conn.recv_bytes()
+        else:
+            got = conn.recv_bytes()
+            conn.send_bytes(blob)
+        every.update(pickle.loads(got))
+    return every
+
+
+@contextmanager
+def _single_thread_env():
+    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
+    os.environ.update(SINGLE_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class ProcessGrid:
+    """The parent's side: one control pipe per worker, the workers' sentinels to notice deaths."""
+
+    def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float):
+        self.job, self.directory, self.context = job, directory, context
+        self.layout = [spec for row in grid_layout(job.model, job.plan) for spec in row]
+        self.shape = (job.plan.data_parallel, job.plan.model_parallel)
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.iteration = 0
+        self.procs: list = []
+        self.conns: list[Connection] = []
+
+    def start(self) -> None:
+        """Starts every worker and waits until each has mapped its rows."""
+        job, directory, context = self.job, self.directory, self.context
+        m = self.shape[1]
+        peer_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.layout}
+        for r in range(self.shape[0]):
+            for i in range(m):
+                for j in range(i + 1, m):
+                    a, b = context.Pipe(duplex=True)
+                    peer_ends[(r, i)][j] = a
+                    peer_ends[(r, j)][i] = b
+        child_ends = []
+        with _single_thread_env():
+            for spec in self.layout:
+                parent, child = context.Pipe(duplex=True)
+                p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
+                                    args=(spec, directory, job.model, child, peer_ends[(spec.replica, spec.shard)]))
+                p.start()
+                self.procs.append(p)
+                self.conns.append(parent)
+                child_ends.append(child)
+        for c in child_ends:
+            c.close()
+        for ends in peer_ends.values():
+            for c in ends.values():
+                c.close()
+        self._collect("while starting", self.startup_timeout_s)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _who(self, i: int) -> str:
+        s = self.layout[i]
+        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, pid {self.procs[i].pid})"
+
+    def _died(self, i: int, when: str) -> FitError:
+        p = self.procs[i]
+        p.join(1.0)
+        code = p.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return FitError(f"{self._who(i)} {how} {when}")
+
+    def _collect(self, when: str, timeout_s: float | None) -> list:
+        """One message from every worker; raises FitError on an error report, a death or a timeout."""
+        out: list = [None] * len(self.conns)
+        pending = {c: i for i, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        deadline = None if timeout_s is None else perf_counter() + timeout_s
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - perf_counter())
+            ready = wait(list(pending) + [s for s, i in sentinels.items() if self.conns[i] in pending], left)
+            if not ready:
+                names = ", ".join(self._who(i) for i in sorted(pending.values()))
+                raise FitError(f"no answer within {timeout_s:g} s {when} from {names}")
+            for obj in ready:
+                if obj in pending:
+                    i = pending[obj]
+                    try:
+                        kind, body = obj.recv()
+                        if kind == "error":
+                            raise FitError(f"{self._who(i)} failed {when}:\n{body}")
+                        out[i] = (body, obj.recv_bytes()) if kind == "share" else body
+                    except (EOFError, OSError):
+                        raise self._died(i, when) from None
+                    del pending[obj]
+            for obj in ready:
+                i = sentinels.get(obj)
+                if i is not None and self.conns[i] in pending and not self.conns[i].poll():
+                    raise self._died(i, when)
+        return out
+
+    def broadcast(self, model: Node, payload: bytes) -> None:
+        self.iteration += 1
+        for i, c in enumerate(self.conns):
+            try:
+                c.send_bytes(payload)
+            except OSError:
+                raise self._died(i, f"before iteration {self.iteration}") from None
+
+    def e_step(self, iteration: int) -> GridOutcome:
+        t0 = perf_counter()
+        got = self._collect(f"in iteration {iteration}", self.timeout_s)
+        shares, reduce_bytes = [], 0
+        for (ll, compute, coupling, cbytes, received), payload in got:
+            shares.append(WorkerShare(stats=pickle.loads(payload), loglik=ll, compute_s=compute,
+                                      coupling_s=coupling, coupling_bytes=cbytes, receive_s=received))
+            reduce_bytes += len(payload)
+        d, m = self.shape
+        stats, total = reduce_shares([shares[r * m:(r + 1) * m] for r in range(d)])
+        return GridOutcome(stats=stats, loglik=total, **critical_path(shares, perf_counter() - t0),
+                           coupling_bytes=sum(s.coupling_bytes for s in shares), reduce_bytes=reduce_bytes)
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send_bytes(_STOP)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(5.0)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+
+
+class MultiprocessingExecutor(BaseExecutor):
+    """Worker processes on this machine, one per grid cell.
+
+    ``start_method``: ``"spawn"`` or ``"forkserver"`` (a forked numpy with BLAS threads is not
+    safe); as with any spawned workers, a script that fits must guard its entry point with
+    ``if __name__ == "__main__":``. ``timeout_s``: the longest a worker may take for one iteration before the fit
+    stops (``None``: no limit; deaths are noticed regardless). ``startup_timeout_s``: the
+    longest a worker may take to start and map its rows.
+    """
+
+    name: ClassVar[str] = "multiprocessing"
+
+    def __init__(self, start_method: str = "spawn", timeout_s: float | None = None,
+                 startup_timeout_s: float = 120.0, tmp_dir: str | None = None):
+        if start_method not in ("spawn", "forkserver"):
+            raise ConfigError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
+        self.start_method = start_method
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.tmp_dir = tmp_dir
+        #: pids of the running workers (grid order), while a fit runs.
+        self.worker_pids: list[int] = []
+
+    def run(self, job: FitJob) -> FitResult:
+        scratch = None
+        grid = None
+        try:
+            if isinstance(job.data, NpyDataset):
+                directory = str(job.data.directory)
+            else:
+                scratch = tempfile.mkdtemp(prefix="emgrid-data-", dir=self.tmp_dir)
+                directory = str(NpyDataset.write(job.data, scratch).directory)
+            grid = ProcessGrid(job, directory, mp.get_context(self.start_method), self.timeout_s,
+                               self.startup_timeout_s)
+            grid.start()
+            self.worker_pids = grid.pids
+            return run_em(grid, job, self.name)
+        finally:
+            self.worker_pids = []
+            if grid is not None:
+                grid.close()
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r})"

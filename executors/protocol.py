@@ -1,0 +1,78 @@
+"""The contract every executor keeps, and the one fit request they all receive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, Union, runtime_checkable
+
+from models import Node
+from models.data import Data
+from planner.plan import BalancePlan
+from planner.resources import Resources
+
+from .datafiles import NpyDataset
+from .result import FitResult
+
+#: Called after every iteration with ``(iteration, log_likelihood, result_so_far)``.
+Callback = Callable[[int, float, FitResult], None]
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """One fit: the starting model, the prepared data, the plan and the stopping rule."""
+
+    model: Node
+    data: Union[Data, NpyDataset]  # prepared data in memory, or a dataset on disk
+    plan: BalancePlan
+    max_iter: int
+    tol: float
+    callback: Callback | None = None
+
+    def open_data(self) -> Data:
+        """The data as arrays (memory-mapped when it lives on disk)."""
+        return self.data.open() if isinstance(self.data, NpyDataset) else self.data
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs a plan's ``D x M`` grid of workers through EM; executors differ only in transport.
+
+    ``default_resources`` is what plans are made for when the caller names none;
+    ``make_plan`` plans (an MPI executor plans once and shares the plan with every rank);
+    ``check_plan`` refuses, before any work starts, a plan this executor cannot realize with
+    what it has at hand; ``run`` fits.
+    """
+
+    name: ClassVar[str]
+
+    def default_resources(self) -> Resources: ...
+
+    def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan: ...
+
+    def check_plan(self, plan: BalancePlan) -> None: ...
+
+    def run(self, job: FitJob) -> FitResult: ...
+
+
+class BaseExecutor:
+    """Defaults shared by the executors that run on this machine."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        """The in-process executors take no options; unknown ones are refused by name."""
+
+    def default_resources(self) -> Resources:
+        return Resources.local()
+
+    def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan:
+        from planner import balance_plan
+
+        return balance_plan(model, resources, n_data=n_data)
+
+    def check_plan(self, plan: BalancePlan) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

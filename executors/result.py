@@ -1,0 +1,57 @@
+"""What a fit returns: the fitted model, its log-likelihood trace, and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models import Node
+from planner.plan import BalancePlan
+
+#: Phases of one EM iteration, in the order they run.
+PHASES = ("broadcast", "compute", "coupling", "reduce", "mstep")
+
+
+@dataclass
+class FitResult:
+    """The outcome of :func:`executors.optimize`.
+
+    - ``model``: the model after the last M-step.
+    - ``log_likelihood``: one total per iteration, each the log-likelihood of the data under
+      the model that iteration's E-step used (so it is non-decreasing for exact EM).
+    - ``iterations``: number of E-steps run (``len(log_likelihood)``).
+    - ``converged``: whether ``|ll_t - ll_{t-1}| <= tol * |ll_t|`` stopped the loop.
+    - ``timings``: per iteration, seconds per phase on the critical path (``PHASES``) plus
+      ``total``, the coordinator's wall time of the iteration. ``compute`` and ``coupling``
+      are the slowest worker's (the sum over workers for the in-process executor, which
+      runs them one after another); ``reduce`` is the coordinator's wait beyond the slowest
+      worker's E-step plus the summing.
+    - ``bytes_moved``: per iteration, the payload of each phase, defined alike on every
+      executor: ``coupling`` = per-row log densities each shard ships to its replica (each
+      counted once; ``rows * models.coupling_bytes_per_row`` per replica), ``reduce`` = the
+      pickled statistics of every worker, ``broadcast`` = the pickled model (once),
+      ``compute`` and ``mstep`` = 0. Pickled sizes can differ between executors by a few
+      bytes per array (pickle memoizes objects shared within one payload).
+    - ``plan``: the plan that ran; ``executor``: the executor's registry name.
+    """
+
+    model: Node
+    log_likelihood: list[float] = field(default_factory=list)
+    iterations: int = 0
+    converged: bool = False
+    timings: list[dict[str, float]] = field(default_factory=list)
+    bytes_moved: list[dict[str, int]] = field(default_factory=list)
+    plan: BalancePlan | None = None
+    executor: str = ""
+
+    def mean_timings(self, skip_first: bool = True) -> dict[str, float]:
+        """Mean seconds per phase over the iterations (the first left out when there are others)."""
+        rows = self.timings[1:] if skip_first and len(self.timings) > 1 else self.timings
+        if not rows:
+            return {}
+        return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+
+    def __repr__(self) -> str:
+        last = f"{self.log_likelihood[-1]:.6g}" if self.log_likelihood else "none"
+        grid = f"{self.plan.data_parallel}x{self.plan.model_parallel}" if self.plan else "?"
+        return (f"FitResult(executor={self.executor!r}, grid={grid}, iterations={self.iterations}, "
+                f"converged={self.converged}, log_likelihood[-1]={last})")

@@ -1,0 +1,264 @@
+"""The worker step: one worker's share of one EM iteration, shared by every executor.
+
+A worker is the cell ``(replica r, shard s)`` of a plan's ``D x M`` grid. It holds the rows
+``plan.replica_ranges()[r]`` restricted to the leaf columns of shard ``s`` and owns the
+maximal unsplit subtrees (*owned roots*) whose leaves lie on shard ``s``. Per block of rows
+it evaluates its owned roots, exchanges their per-row log densities with the other shards
+of its replica (the *coupling*), evaluates the nodes above them, and folds the statistics
+of what it owns (shard 0 also those of the nodes above, and the log-likelihood).
+
+The step is a generator (:meth:`WorkerStep.passes`) that yields at every exchange, so the
+same code runs the shards of a replica in lockstep in one process and, driven by
+:meth:`WorkerStep.run` with a blocking exchange, in one process per worker. Executors
+supply only the exchange, the reduce and the broadcast: how bytes move.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+from models import Composite, Node, Ragged, Stats, owned_roots, take_rows
+from models.base import child_path
+from models.data import Data, _ragged_unchecked
+from models.engine import block_rows, shard_block, shard_down, shard_up
+from planner.plan import BalancePlan
+
+#: Pickle protocol of every payload (statistics, models, exchanged log densities).
+PROTOCOL = 5
+
+Exchange = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One cell of the grid: where it sits, which rows and leaves it holds, what it owns."""
+
+    replica: int
+    shard: int
+    name: str
+    start: int  # first row of the replica
+    stop: int  # one past its last row
+    leaves: tuple[str, ...]
+    owned: tuple[str, ...]  # owned-root paths in pre-order; ("",) when the tree is unsplit
+    active: bool  # False for the idle shards of a plan whose tree sits whole on one shard
+    first_shard: bool  # folds the nodes above the owned roots and counts the log-likelihood
+    exchanges: bool  # whether the shards of this replica exchange per block
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
+    """``layout[r][s]``: the spec of every worker of the plan's grid."""
+    roots = owned_roots(model, plan.shard_of_leaf())
+    whole = list(roots) == [""]
+    names = plan.worker_grid()
+    layout = []
+    for r, (start, stop) in enumerate(plan.replica_ranges()):
+        row = []
+        for s, cut in enumerate(plan.model_cuts):
+            if whole:
+                owner = roots[""] == s
+                owned, active, first = (("",) if owner else ()), owner, owner
+            else:
+                owned = tuple(p for p, sh in roots.items() if sh == s)
+                active, first = True, s == 0
+            row.append(WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop,
+                                  leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
+                                  exchanges=not whole))
+        layout.append(row)
+    return layout
+
+
+@dataclass
+class WorkerShare:
+    """A worker's result for one iteration."""
+
+    stats: Stats
+    loglik: float
+    compute_s: float = 0.0
+    coupling_s: float = 0.0
+    coupling_bytes: int = 0
+    receive_s: float = 0.0  # unpickling the broadcast model, where the worker had to
+
+    def payload(self) -> bytes:
+        """The statistics as they cross the wire in the reduce."""
+        return pickle.dumps(self.stats, protocol=PROTOCOL)
+
+
+def restrict_columns(model: Node, data: Data, keep: frozenset[str], path: str = "") -> Data:
+    """``data`` with the columns of leaves outside ``keep`` replaced by None.
+
+    The structure is kept whole (tuples, and the offsets of every sequence level), since a
+    shard evaluates the split nodes above its subtrees, and those read offsets wherever they
+    sit. A column that several leaves read (the components of a mixture, the states of an
+    HMM) is kept when any of them is kept.
+    """
+    if model.is_leaf:
+        return data if path in keep else None
+    if isinstance(model, Composite):
+        return tuple(restrict_columns(c, data[i], keep, child_path(path, i)) for i, c in enumerate(model.children))
+    shared = model._child_data(data, 0)
+    parts = [restrict_columns(c, shared, keep, child_path(path, i)) for i, c in enumerate(model.children)]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged = _union(merged, part)
+    if shared is data:
+        return merged
+    if isinstance(data, Ragged) and shared is data.values:
+        return _ragged_unchecked(merged, data.offsets)
+    raise TypeError(f"{model.family} at {path or '<root>'!r}: cannot tell how its children read its data")
+
+
+def _union(a: Data, b: Data) -> Data:
+    """Two restrictions of one column: every part held by either."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, tuple):
+        return tuple(_union(x, y) for x, y in zip(a, b))
+    if isinstance(a, Ragged):
+        return _ragged_unchecked(_union(a.values, b.values), a.offsets)
+    return a
+
+
+def _no_exchange(mine):
+    raise AssertionError("an unsplit tree has nothing to exchange")
+
+
+class WorkerStep:
+    """One worker's rows (restricted to its shard's columns) and its share of every E-step."""
+
+    def __init__(self, model: Node, spec: WorkerSpec, replica_data: Data):
+        """``replica_data``: the rows of the worker's replica, every column (views are fine)."""
+        self.spec = spec
+        self.data = restrict_columns(model, replica_data, frozenset(spec.leaves)) if spec.active else None
+
+    @classmethod
+    def from_full(cls, model: Node, spec: WorkerSpec, data: Data) -> "WorkerStep":
+        """From the whole dataset: slices the worker's rows first (views, nothing read)."""
+        return cls(model, spec, take_rows(data, spec.start, spec.stop))
+
+    def passes(self, model: Node) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
+        """The E-step on this worker's rows; yields its owned roots' log densities per block.
+
+        The value sent back in must be every owned root's log density for the block (all
+        shards of the replica). Returns the worker's :class:`WorkerShare`.
+        """
+        spec = self.spec
+        stats: Stats | None = None
+        ll = 0.0
+        compute = 0.0
+        sent = 0
+        if spec.active:
+            step = block_rows(model)
+            ones = np.ones(min(step, spec.rows))
+            for a in range(0, spec.rows, step):
+                t0 = perf_counter()
+                b = min(spec.rows, a + step)
+                block = take_rows(self.data, a, b)
+                w = ones[: b - a]
+                if not spec.exchanges:
+                    out, part = shard_block(model, block, w, spec.owned, _no_exchange, True)
+                else:
+                    cache, mine = shard_up(model, block, spec.owned)
+                    sent += sum(v.nbytes for v in mine.values())
+                    compute += perf_counter() - t0
+                    every = yield mine
+                    t0 = perf_counter()
+                    out, part = shard_down(model, block, w, spec.owned, cache, every, spec.first_shard)
+                stats = Stats(out) if stats is None else stats + Stats(out)
+                ll += part
+                compute += perf_counter() - t0
+        return WorkerShare(stats=stats if stats is not None else Stats(), loglik=ll, compute_s=compute,
+                           coupling_bytes=sent)
+
+    def run(self, model: Node, exchange: Exchange) -> WorkerShare:
+        """The E-step with a blocking ``exchange`` (an allgather over the replica's shards)."""
+        gen = self.passes(model)
+        coupling = 0.0
+        try:
+            mine = next(gen)
+            while True:
+                t0 = perf_counter()
+                every = exchange(mine)
+                coupling += perf_counter() - t0
+                mine = gen.send(every)
+        except StopIteration as done:
+            share = done.value
+        share.coupling_s = coupling
+        return share
+
+
+def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node) -> list[WorkerShare]:
+    """The shards of one replica in one process: every block's exchange done in memory."""
+    gens = [st.passes(model) for st in steps]
+    shares: list[WorkerShare | None] = [None] * len(gens)
+    coupling = [0.0] * len(gens)
+    sends: list = [None] * len(gens)
+    live = list(range(len(gens)))
+    while live:
+        yielded = {}
+        for i in live:
+            try:
+                yielded[i] = gens[i].send(sends[i])
+            except StopIteration as done:
+                shares[i] = done.value
+        if not yielded:
+            break
+        t0 = perf_counter()
+        every = merge_exchange(yielded[i] for i in sorted(yielded))
+        dt = (perf_counter() - t0) / len(yielded)
+        for i in yielded:
+            sends[i] = every
+            coupling[i] += dt
+        live = sorted(yielded)
+    for share, c in zip(shares, coupling):
+        share.coupling_s = c
+    return shares
+
+
+def merge_exchange(parts) -> dict[str, np.ndarray]:
+    """Every owned root's log density from the shards' parts (their keys are disjoint)."""
+    every: dict[str, np.ndarray] = {}
+    for part in parts:
+        every.update(part)
+    return every
+
+
+def sum_in_order(values):
+    """Left-to-right sum, the one order every executor uses so traces agree to the last bit."""
+    it = iter(values)
+    total = next(it)
+    for v in it:
+        total = total + v
+    return total
+
+
+def reduce_shares(shares: Sequence[Sequence[WorkerShare]]) -> tuple[Stats, float]:
+    """``shares[r][s]`` to the total statistics and log-likelihood.
+
+    Each shard's column is summed over the replicas in replica order (:func:`reduce_shard`),
+    then the shards' totals are joined: they hold disjoint paths, so the join is exact, and
+    only one shard of a replica holds a non-zero log-likelihood, so adding the others'
+    zeros is exact too. Every executor reduces in exactly this order.
+    """
+    columns = [reduce_shard([shares[r][s] for r in range(len(shares))]) for s in range(len(shares[0]))]
+    return join_shards(columns)
+
+
+def reduce_shard(column: Sequence[WorkerShare]) -> tuple[Stats, float]:
+    """One shard's statistics and log-likelihood summed over the replicas, in replica order."""
+    return sum_in_order(w.stats for w in column), sum_in_order(w.loglik for w in column)
+
+
+def join_shards(columns: Sequence[tuple[Stats, float]]) -> tuple[Stats, float]:
+    """The shards' reduced columns joined into the totals, in shard order."""
+    return sum_in_order(c[0] for c in columns), sum_in_order(c[1] for c in columns)

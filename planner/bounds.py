@@ -1,0 +1,217 @@
+"""Analytic lower bounds of the iteration time, valid for every assignment of a grid.
+
+With ``m > 1`` shards the root is split (every shard holds a leaf) and the split nodes
+form a top part of the tree whose *owned roots* (its unsplit children) number at least
+``m``. A tree knapsack (:func:`min_cuts`) gives, for every ``k``, the least total of a
+cost over the split nodes, or over the owned roots, of any such cut with ``k`` or more
+owned roots: ``X_split(k)`` for FLOPs, statistics, parameters, fixed and working bytes,
+and ``C_min(k)`` for coupling bytes. Each split node is evaluated by all ``m`` shards, so
+``sum_s F_s >= TF + (m-1) F_split(m)`` (``TF``, ``TS``, ``TP``: the model's totals) and
+likewise for the other sums. A leaf's ancestors are each split or owned by the leaf's
+shard, so some shard evaluates the heaviest chain ``leaf + ancestors`` (FLOPs, statistics,
+parameters). For a layout with per-column seconds per FLOP-row
+``a_s = max_r rows_r / speed(r, s)``:
+
+- compute ``>= max( (TF + (m-1) F_split(m)) / sum_s 1/a_s,  min_s a_s * chain_F )``,
+  because ``F_s <= T / a_s``;
+- coupling ``>= ceil(rows_max / B) L(m) lat + rows_max (m-1)/m C_min(m) / bw``;
+- reduce ``>= L(d) (lat + max((TS + (m-1) S_split(m)) / m, chain_S) / bw)``; broadcast
+  likewise with parameters, plus ``L(m) (lat + P_split(m) / bw)``.
+
+:meth:`Bounds.grid_bound` relaxes the layout away (the fastest ``d*m`` workers share the
+work; ``rows_max >= ceil(n/d)``) so that grids can be ordered before any layout is built.
+
+Memory gives necessary conditions. A replica with ``n`` rows (block ``b = min(n, B)``)
+holds every node and data column at least once, every split node on every shard, and on
+every shard the data column of one of its leaves:
+``need(n) = max(sum_g data_g, m min_col) n + sum_v (work_v b + 2 (param_v + stat_v)) +
+(m-1) (Fix_split(m) + Work_split(m) b) + [m > 1] m b C_min(m)`` on its ``m`` workers; one
+worker holds the hungriest leaf with the split nodes, and every worker at least the
+lightest leaf with them. A grid whose largest replica
+(``ceil(n_data/d)`` rows) cannot meet these on the ``m`` largest memories, or a layout
+whose replica cannot on its own workers, has no fitting plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from models.cost import ceil_log2
+
+from .costing import ModelFacts
+from .resources import Resources
+
+#: Rows of :func:`min_cuts`' cost table.
+SPLIT_FIELDS = ("flops", "stat", "param", "fixed", "work")
+
+
+class Bounds:
+    """Grid-independent facts of one model, and the bounds built on them."""
+
+    def __init__(self, facts: ModelFacts, resources: Resources, n_data: int, max_shards: int):
+        self.facts = facts
+        self.n_data = n_data
+        self.tf, self.ts, self.tp = (float(x.sum()) for x in (facts.flops, facts.stat, facts.param))
+        self.chain_f, self.chain_s, self.chain_p = (_chain(facts, x) for x in (facts.flops, facts.stat, facts.param))
+        fixed = 2.0 * (facts.param + facts.stat)
+        zeros = np.zeros(facts.n_nodes)
+        pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
+        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work, zeros])
+        table = min_cuts(facts, max_shards, pieces, splits)
+        self.split = {f: table[i] for i, f in enumerate(SPLIT_FIELDS)}
+        self.c_min = table[-1]
+        speeds = np.sort([w.flops_per_s for w in resources.workers])[::-1]
+        self.speed_prefix = np.concatenate([[0.0], np.cumsum(speeds)])
+        self.f_max = float(speeds[0])
+        self.lat = resources.network.latency_s
+        self.bw = resources.network.bytes_per_s
+        self.block = facts.block_rows
+        self.fixed = float(fixed.sum())
+        self.data_row = float(facts.group_data.sum())
+        self.work_row = float(facts.work.sum())
+        lv = facts.leaf_nodes
+        self.leaf_fixed = fixed[lv]
+        self.leaf_data = facts.data[lv]
+        self.leaf_work = facts.work[lv]
+        self.min_column = float(facts.group_data[facts.data_group[lv]].min())
+        mems = [w.memory_bytes for w in resources.workers]
+        self.unknown_memory = any(x is None for x in mems)
+        known = np.sort([float(x) for x in mems if x is not None])[::-1]
+        self.mem_prefix = np.concatenate([[0.0], np.cumsum(known)])
+        self.mem_max = float(known[0]) if len(known) else math.inf
+
+    # ------------------------------------------------------------ time
+    def _sf(self, field: str, m: int) -> float:
+        return float(self.split[field][m]) if m > 1 else 0.0
+
+    def _comm(self, d: int, m: int, rows_max: int) -> float:
+        lat, bw = self.lat, self.bw
+        out = 0.0
+        ld = ceil_log2(d)
+        if ld:
+            out += ld * (lat + max((self.ts + (m - 1) * self._sf("stat", m)) / m, self.chain_s) / bw)
+            out += ld * (lat + max((self.tp + (m - 1) * self._sf("param", m)) / m, self.chain_p) / bw)
+        if m > 1:
+            out += ceil_log2(m) * (lat + self._sf("param", m) / bw)
+            out += math.ceil(rows_max / self.block) * ceil_log2(m) * lat
+            out += rows_max * (m - 1) / m * float(self.c_min[m]) / bw
+        return out
+
+    def _work(self, m: int) -> float:
+        return self.tf + (m - 1) * self._sf("flops", m)
+
+    def grid_bound(self, d: int, m: int) -> float:
+        """A bound for every layout of the ``d x m`` grid."""
+        n = self.n_data
+        rows_max = -(-n // d)
+        compute = max(n * self._work(m) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
+        return compute + self._comm(d, m, rows_max)
+
+    def layout_bound(self, m: int, a: np.ndarray, rows) -> float:
+        """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica)."""
+        compute = max(self._work(m) / float(np.sum(1.0 / a)), float(a.min()) * self.chain_f)
+        return compute + self._comm(len(rows), m, int(max(rows)))
+
+    # ------------------------------------------------------------ memory
+    def replica_need(self, rows: int, m: int = 1) -> float:
+        b = min(rows, self.block)
+        out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b
+        if m > 1:
+            out += (m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b) + m * b * float(self.c_min[m])
+        return out
+
+    def leaf_need(self, rows: int, m: int = 1, least: bool = False) -> float:
+        """The hungriest (``least``: the lightest) leaf's own bytes with ``rows`` rows, plus
+        the split nodes' least: some worker holds the first, every worker the second."""
+        b = min(rows, self.block)
+        need = self.leaf_fixed + self.leaf_data * rows + self.leaf_work * b
+        out = float(need.min() if least else need.max())
+        if m > 1:
+            out += self._sf("fixed", m) + self._sf("work", m) * b + b * float(self.c_min[m])
+        return out
+
+    def grid_fits(self, d: int, m: int) -> bool:
+        """False when no layout of the grid can hold its largest replica."""
+        if self.unknown_memory:
+            return True
+        rows = -(-self.n_data // d)
+        if self.leaf_need(rows, m) > self.mem_max:
+            return False
+        top = min(m, len(self.mem_prefix) - 1)
+        if self.leaf_need(rows, m, least=True) > self.mem_prefix[top] - self.mem_prefix[top - 1]:
+            return False  # the m-th largest memory cannot hold even the lightest shard
+        return self.replica_need(rows, m) <= self.mem_prefix[top]
+
+    def layout_fits(self, memory: np.ndarray, rows) -> bool:
+        """False when some replica of the layout cannot hold itself (``memory[r, s]``, inf
+        for unknown)."""
+        m = memory.shape[1]
+        rows = np.asarray(rows)
+        top, total, low = memory.max(axis=1), memory.sum(axis=1), memory.min(axis=1)
+        for n in np.unique(rows):
+            at = rows == n
+            n = int(n)
+            if (self.leaf_need(n, m) > top[at].min() or self.replica_need(n, m) > total[at].min()
+                    or self.leaf_need(n, m, least=True) > low[at].min()):
+                return False
+        return True
+
+
+def _chain(facts: ModelFacts, x: np.ndarray) -> float:
+    """The largest sum of ``x`` over a leaf and its ancestors."""
+    acc = np.zeros(facts.n_nodes)
+    acc[0] = x[0]
+    for v in range(1, facts.n_nodes):
+        acc[v] = acc[int(facts.parent[v])] + x[v]
+    return float(acc[facts.leaf_nodes].max())
+
+
+def min_cuts(facts: ModelFacts, k_max: int, piece: np.ndarray, split: np.ndarray) -> np.ndarray:
+    """``out[t, k]``: the least ``sum_{owned roots} piece[t] + sum_{split nodes} split[t]``
+    over the cuts of the tree with at least ``k`` owned roots (each row ``t`` minimized on
+    its own); ``out[:, 0] = out[:, 1] = 0`` (nothing split) and ``inf`` beyond the leaves.
+
+    Tree knapsack: ``h_v[t, p]`` is the cheapest covering of ``v``'s subtree by ``p`` owned
+    roots (``p = 1``: ``v`` whole; ``p >= 2``: ``v`` split, the min-plus convolution of its
+    children plus ``split[t, v]``), with ``p`` saturating at ``k_max`` ("at least").
+    """
+    cap = max(2, min(k_max, facts.n_leaves))
+    n_t = piece.shape[0]
+    h: list[np.ndarray | None] = [None] * facts.n_nodes
+    for v in range(facts.n_nodes - 1, -1, -1):
+        acc = None
+        for c in facts.children[v]:
+            g = h[c]
+            h[c] = None
+            acc = g if acc is None else _merge(acc, g, cap)
+        if acc is None:
+            out = np.full((n_t, 2), np.inf)
+        else:
+            out = acc + split[:, v:v + 1]
+        out[:, 0] = np.inf
+        out[:, 1] = piece[:, v]
+        h[v] = out
+    root = h[0]
+    res = np.full((n_t, cap + 1), np.inf)
+    res[:, :2] = 0.0
+    if root.shape[1] > 2:
+        tail = np.minimum.accumulate(root[:, ::-1], axis=1)[:, ::-1]
+        res[:, 2:root.shape[1]] = tail[:, 2:]
+    return res
+
+
+def _merge(a: np.ndarray, b: np.ndarray, cap: int) -> np.ndarray:
+    """Row-wise min-plus convolution of piece-count tables, the count saturating at ``cap``."""
+    size = min(a.shape[1] + b.shape[1] - 1, cap + 1)
+    out = np.full((a.shape[0], size), np.inf)
+    for q in range(1, b.shape[1]):
+        bq = b[:, q:q + 1]
+        hi = min(a.shape[1], cap - q)  # p + q < cap land exactly; the rest saturate into out[cap]
+        if hi > 1:
+            np.minimum(out[:, 1 + q:hi + q], a[:, 1:hi] + bq, out=out[:, 1 + q:hi + q])
+        if a.shape[1] + q - 1 >= cap:
+            lo = max(1, cap - q)
+            out[:, cap] = np.minimum(out[:, cap], a[:, lo:].min(axis=1) + bq[:, 0])
+    return out

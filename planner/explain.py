@@ -1,0 +1,176 @@
+"""Human-readable accounts of a plan: the one-line rationale and ``plan.explain()``."""
+
+from __future__ import annotations
+
+from .plan import BalancePlan
+
+
+def fmt_s(x: float) -> str:
+    if x == 0:
+        return "0 s"
+    if x < 1e-3:
+        return f"{x * 1e6:.3g} us"
+    if x < 1:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x:.3g} s"
+
+
+def fmt_bytes(b: float | None) -> str:
+    if b is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{int(b)} B"
+
+
+def share(part: float, total: float) -> str:
+    return f"{100.0 * part / total:.0f}%" if total > 0 else "0%"
+
+
+def straggler(plan: BalancePlan):
+    """The worker whose compute time sets the compute term."""
+    return max(plan.per_worker, key=lambda w: (w.compute_s, w.flops))
+
+
+def default_rationale(plan: BalancePlan) -> str:
+    """A one-line account of a plan built from a given assignment."""
+    b = plan.breakdown
+    slow = straggler(plan)
+    return (f"grid {plan.data_parallel}x{plan.model_parallel} on {plan.workers_used}/{plan.workers_total} workers; "
+            f"straggler {slow.name} ({fmt_s(slow.compute_s)} of compute); coupling {share(b.coupling_s, b.total_s)} "
+            f"and reduce+broadcast {share(b.reduce_s + b.broadcast_s, b.total_s)} of {fmt_s(b.total_s)}")
+
+
+def explain(plan: BalancePlan) -> str:
+    """Why this grid, what it costs term by term, who the straggler is, and every shard."""
+    b = plan.breakdown
+    gap = (plan.objective_s - plan.lower_bound_s) / plan.objective_s if plan.objective_s > 0 else 0.0
+    fit = {True: "fits", False: "DOES NOT FIT", None: "fit unknown (a worker's memory is unknown)"}[plan.fits]
+    lines = [
+        f"Plan: {plan.data_parallel} replica(s) x {plan.model_parallel} shard(s) on {plan.workers_used} of "
+        f"{plan.workers_total} workers, {plan.n_data} rows; memory {fit}.",
+        f"Status {plan.status}: predicted {fmt_s(plan.objective_s)} per iteration, lower bound "
+        f"{fmt_s(plan.lower_bound_s)} (gap {100 * gap:.2g}%), planned in {fmt_s(plan.solve_time_s)}.",
+        f"Terms: compute {fmt_s(b.compute_s)} ({share(b.compute_s, b.total_s)}), coupling {fmt_s(b.coupling_s)} "
+        f"({share(b.coupling_s, b.total_s)}), reduce {fmt_s(b.reduce_s)} ({share(b.reduce_s, b.total_s)}), "
+        f"broadcast {fmt_s(b.broadcast_s)} ({share(b.broadcast_s, b.total_s)}).",
+        f"Why: {plan.rationale}",
+    ]
+    slow = straggler(plan)
+    lines.append(
+        f"Straggler: {slow.name} (replica {slow.replica}, shard {slow.shard}) runs {slow.rows} rows, "
+        f"{slow.flops:.3g} FLOPs = {fmt_s(slow.compute_s)}; memory {fmt_bytes(slow.memory_bytes)} of "
+        f"{fmt_bytes(slow.memory_limit)}."
+    )
+    lines.append("Shards:")
+    for cut in plan.model_cuts:
+        leaves = ", ".join(cut.leaves[:6]) + (f", ... ({len(cut.leaves)} leaves)" if len(cut.leaves) > 6 else "")
+        workers = ", ".join(cut.workers[:4]) + (", ..." if len(cut.workers) > 4 else "")
+        lines.append(f"  shard {cut.shard}: {cut.flops_per_row:.4g} FLOPs/row, params {fmt_bytes(cut.param_bytes)}, "
+                     f"leaves [{leaves or '<root>'}] on [{workers}]")
+    return "\n".join(lines)
+
+
+def grid_rationale(plan: BalancePlan, facts, resources, best_by_m: dict[int, float], bound_by_m: dict[int, float],
+                   *, pinned: bool) -> str:
+    """Why this grid: what set M, what limited D, the straggler and the coupling share.
+
+    ``best_by_m`` holds the best fitting plan found for each shard count, ``bound_by_m``
+    the least lower bound of the grids pruned without a fitting plan."""
+    d, m, p, n = plan.data_parallel, plan.model_parallel, plan.workers_total, plan.n_data
+    b = plan.breakdown
+    parts = []
+
+    def best_other(keep):
+        found = {k: v for k, v in best_by_m.items() if keep(k)}
+        if found:
+            k, v = min(found.items(), key=lambda kv: kv[1])
+            return f"the best plan with M={k} predicts {fmt_s(v)}"
+        pruned = {k: v for k, v in bound_by_m.items() if keep(k) and k not in best_by_m}
+        if pruned:
+            k, v = min(pruned.items(), key=lambda kv: kv[1])
+            return f"M={k} cannot beat it (its lower bound is {fmt_s(v)})"
+        return None
+
+    if pinned:
+        parts.append(f"grid {d}x{m} pinned by the caller")
+    elif m == 1:
+        other = best_other(lambda k: k > 1)
+        if facts.n_leaves == 1:
+            parts.append("M=1: the model is a single leaf and cannot be split")
+        elif other:
+            parts.append(f"M=1: the model fits one worker and splitting it does not pay ({other}, "
+                         f"against {fmt_s(plan.objective_s)} whole)")
+        else:
+            parts.append("M=1: the model fits one worker and data parallelism needs no coupling")
+    else:
+        other = best_other(lambda k: k < m)
+        if other is None:
+            largest = max((w.memory_bytes for w in resources.workers if w.memory_bytes is not None), default=None)
+            need = 2 * (facts.param.sum() + facts.stat.sum())
+            parts.append(f"M={m} forced by memory: no plan with fewer shards fits (parameters and statistics "
+                         f"alone need {fmt_bytes(need)} per replica; the largest worker has {fmt_bytes(largest)})")
+        elif d == n and n * m < p:
+            parts.append(f"M={m}: n_data={n} allows at most {n} replica(s), so the other workers split the "
+                         f"model ({other}, against {fmt_s(plan.objective_s)})")
+        else:
+            parts.append(f"M={m} is faster than fewer shards ({other}, against {fmt_s(plan.objective_s)})")
+    if d == n and d * m < p:
+        parts.append(f"D={d} limited by n_data={n}")
+    elif d * m == p:
+        parts.append(f"D={d} fills the {p} workers")
+    elif d * m > p - m:
+        parts.append(f"D={d}: another replica of {m} shards needs more than the {p - d * m} idle worker(s)")
+    else:
+        used = {w.name for w in plan.per_worker}
+        idle_fast = max((w.flops_per_s for w in resources.workers if w.name not in used), default=0.0)
+        slow_used = min(w.flops_per_s for w in resources.workers if w.name in used)
+        why = "they are slower than the workers used" if idle_fast < slow_used else \
+            "more replicas cost more in reduce and broadcast (or rows) than they save"
+        parts.append(f"D={d}: {p - d * m} worker(s) left idle because {why}")
+    slow = straggler(plan)
+    parts.append(f"straggler {slow.name} (replica {slow.replica}, shard {slow.shard}, {fmt_s(slow.compute_s)})")
+    parts.append(f"coupling {share(b.coupling_s, b.total_s)}, reduce+broadcast "
+                 f"{share(b.reduce_s + b.broadcast_s, b.total_s)} of {fmt_s(b.total_s)}")
+    return "; ".join(parts)
+
+
+def infeasible_message(facts, resources, n_data: int, grid, bounds) -> str:
+    """Names the binding memory constraint when no plan fits (``bounds``: ``planner.bounds.Bounds``)."""
+    p = resources.n_workers
+    largest = bounds.mem_max
+    grids = [tuple(grid)] if grid is not None else [
+        (d, m) for m in range(1, min(p, facts.n_leaves) + 1) for d in range(1, min(n_data, p // m) + 1)]
+    where = f" on grid {grid[0]}x{grid[1]}" if grid is not None else ""
+    d_best = max(d for d, _ in grids)
+    rows = -(-n_data // d_best)
+    block = min(rows, facts.block_rows)
+    lv = facts.leaf_nodes
+    need = 2.0 * (facts.param + facts.stat)[lv] + facts.data[lv] * rows + facts.work[lv] * block
+    k = int(need.argmax())
+    v = int(lv[k])
+    if need[k] > largest:
+        return (f"leaf {facts.paths[v]} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
+                f"statistics twice {fmt_bytes(2 * (facts.param[v] + facts.stat[v]))}, {rows} row(s) of data "
+                f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes(facts.work[v] * block)}); the largest "
+                f"worker has {fmt_bytes(largest)}: add memory, or more workers to spread the rows")
+
+    def ratio(g):
+        d, m = g
+        cap = bounds.mem_prefix[min(m, len(bounds.mem_prefix) - 1)]
+        return bounds.replica_need(-(-n_data // d), m) / cap
+
+    d, m = min(grids, key=ratio)
+    r = -(-n_data // d)
+    cap = bounds.mem_prefix[min(m, len(bounds.mem_prefix) - 1)]
+    b = min(r, facts.block_rows)
+    head = (f"one replica of {r} row(s) needs at least {fmt_bytes(bounds.replica_need(r, m))} (parameters and statistics twice "
+            f"{fmt_bytes(bounds.fixed)}, data {fmt_bytes(bounds.data_row * r)}, working arrays "
+            f"{fmt_bytes(bounds.work_row * b)})")
+    if ratio((d, m)) > 1:
+        return (f"no grid{where} fits: even on the most favourable, {d}x{m}, {head}, but the {m} largest worker(s) "
+                f"hold {fmt_bytes(cap)} (largest {fmt_bytes(largest)}): add workers or memory")
+    return (f"no grid{where} fits: on {d}x{m} {head} and the {m} largest worker(s) hold {fmt_bytes(cap)}, but no "
+            f"split of the leaves over the workers of a replica fits each worker, with rows following worker speed "
+            f"(largest {fmt_bytes(largest)}): add memory")

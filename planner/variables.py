@@ -1,0 +1,99 @@
+"""The decision variables of one grid layout's program, and the questions asked of them.
+
+For ``M`` shard columns, units ``u`` and the expanded internal nodes ``i`` of the unit
+tree (``planner.units``):
+
+- ``x[u][s]``: unit ``u`` is on shard ``s``;
+- ``own[i][s]``: every unit below node ``i`` is on shard ``s`` (the node is evaluated by
+  that shard alone);
+- ``split[i]``: the node's units lie on two or more shards (``split[i] + sum_s own[i][s] = 1``),
+  so every shard evaluates it.
+
+A node is *evaluated* by shard ``s`` exactly when ``own[i][s] + split[i] = 1``; a unit when
+``x[u][s] = 1``. With ``M > 1`` the root is split (every shard holds a unit), so its
+``own`` and ``split`` are constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from .units import UnitTree
+
+
+class ShardVars:
+    """Every decision variable of one program, with the linear forms built on them."""
+
+    def __init__(self, model: cp_model.CpModel, ut: UnitTree, m: int):
+        self.ut = ut
+        self.m = m
+        self.x = [[model.new_bool_var(f"x[{u},{s}]") for s in range(m)] for u in range(ut.n_units)]
+        self.own: list[list] = []
+        self.split: list = []
+        for i in range(ut.n_internal):
+            if i == 0 and m > 1:
+                self.own.append([0] * m)
+                self.split.append(1)
+            else:
+                self.own.append([model.new_bool_var(f"own[{i},{s}]") for s in range(m)])
+                self.split.append(model.new_bool_var(f"split[{i}]"))
+
+    def evaluated_sum(self, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int):
+        """``sum_u c_u x[u][s] + sum_i c_i (own[i][s] + split[i])`` with integer coefficients."""
+        terms, coefs = [], []
+        const = 0
+        for u, c in enumerate(unit_coef):
+            if c:
+                terms.append(self.x[u][s])
+                coefs.append(int(c))
+        for i, c in enumerate(internal_coef):
+            if not c:
+                continue
+            for var in (self.own[i][s], self.split[i]):
+                if isinstance(var, int):
+                    const += int(c) * var
+                else:
+                    terms.append(var)
+                    coefs.append(int(c))
+        return cp_model.LinearExpr.weighted_sum(terms, coefs) + const
+
+    def split_sum(self, coef: np.ndarray):
+        """``sum_i c_i split[i]`` with integer coefficients."""
+        terms, coefs, const = [], [], 0
+        for i, c in enumerate(coef):
+            if not c:
+                continue
+            var = self.split[i]
+            if isinstance(var, int):
+                const += int(c) * var
+            else:
+                terms.append(var)
+                coefs.append(int(c))
+        return cp_model.LinearExpr.weighted_sum(terms, coefs) + const
+
+    def shard_of(self, solver: cp_model.CpSolver, u: int) -> int:
+        return next(s for s in range(self.m) if solver.boolean_value(self.x[u][s]))
+
+    def extract(self, solver: cp_model.CpSolver) -> np.ndarray:
+        """The solution's ``unit_shard``."""
+        return np.array([self.shard_of(solver, u) for u in range(self.ut.n_units)], dtype=np.int64)
+
+    def hint(self, model: cp_model.CpModel, unit_shard: np.ndarray) -> None:
+        """A complete hint: every variable's value under ``unit_shard``."""
+        ut, m = self.ut, self.m
+        for u in range(ut.n_units):
+            for s in range(m):
+                model.add_hint(self.x[u][s], int(unit_shard[u]) == s)
+        shards: list[set[int]] = [set() for _ in range(ut.n_internal)]
+        for i in range(ut.n_internal - 1, -1, -1):
+            for u in ut.child_units[i]:
+                shards[i].add(int(unit_shard[u]))
+            for c in ut.child_internal[i]:
+                shards[i] |= shards[c]
+            if i == 0 and m > 1:
+                continue
+            whole = next(iter(shards[i])) if len(shards[i]) == 1 else -1
+            for s in range(m):
+                model.add_hint(self.own[i][s], s == whole)
+            model.add_hint(self.split[i], whole < 0)

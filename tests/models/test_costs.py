@@ -1,0 +1,95 @@
+"""The analytic costs the planner consumes, against what the nodes really hold."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, note
+
+from models import HMM, Gaussian, Node, NodeCost, Sequence, Stats, tree_costs
+from models.cost import COUPLING_BYTES
+
+from tests import strategies as S
+
+
+def own_stats_entry(model: Node, stats: Stats, path: str) -> Stats:
+    node = model.node_at(path)
+    return Stats({path: stats[path]} if node.has_own_stats else {})
+
+
+@given(m=S.models())
+def test_every_node_reports_a_nonnegative_cost(m):
+    for _, node in m.nodes():
+        c = node.cost()
+        assert isinstance(c, NodeCost)
+        for name, value in c.model_dump().items():
+            assert np.isfinite(value) and value >= 0, (node.describe(), name, value)
+
+
+@given(m=S.models())
+def test_param_bytes_are_the_bytes_of_the_parameters(m):
+    note(json.dumps(m.to_spec()))
+    for path, node in m.nodes():
+        want = sum(8 * np.asarray(v, dtype=np.float64).size for v in node.params().values())
+        assert node.cost().param_bytes == want, (path, node.describe())
+        assert want == sum(np.asarray(v).nbytes for v in node.params().values())
+
+
+@given(md=S.models_with_data(min_rows=1, max_rows=30))
+def test_stat_bytes_predict_the_pickled_statistics(md):
+    m, x = md
+    note(json.dumps(m.to_spec()))
+    stats = m.accumulate(x)
+    for path, node in m.nodes():
+        actual = len(pickle.dumps(own_stats_entry(m, stats, path)))
+        predicted = node.cost().stat_bytes
+        assert abs(predicted - actual) <= 0.1 * actual + 256, (path, node.describe(), predicted, actual)
+
+
+def expected_multipliers(node: Node, path: str = "", mult: float = 1.0) -> dict[str, float]:
+    out = {path: mult}
+    below = mult * float(node.mean_length) if isinstance(node, (Sequence, HMM)) else mult
+    for i, c in enumerate(node.children):
+        out.update(expected_multipliers(c, f"{path}.{i}" if path else str(i), below))
+    return out
+
+
+@given(m=S.models())
+def test_tree_costs_scale_rows_under_sequences_by_mean_length(m):
+    note(json.dumps(m.to_spec()))
+    placed = tree_costs(m)
+    mult = expected_multipliers(m)
+    assert [p.path for p in placed] == [p for p, _ in m.nodes()]
+    for pc in placed:
+        node = m.node_at(pc.path)
+        own = node.cost()
+        assert pc.rows_per_root_row == pytest.approx(mult[pc.path], rel=1e-12)
+        assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult[pc.path], rel=1e-12)
+        assert pc.data_bytes_per_row == pytest.approx(own.data_bytes_per_row * mult[pc.path], rel=1e-12)
+        assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult[pc.path], rel=1e-12)
+        assert pc.owned_root_coupling_bytes_per_row == pytest.approx(COUPLING_BYTES * mult[pc.path], rel=1e-12)
+        assert (pc.param_bytes, pc.stat_bytes, pc.is_leaf) == (own.param_bytes, own.stat_bytes, node.is_leaf)
+
+
+def test_tree_costs_multiply_nested_sequence_lengths():
+    m = Sequence(HMM([Gaussian(0, 1), Gaussian(1, 1)], [[0.5, 0.5], [0.5, 0.5]], [0.5, 0.5], 4.0), 3.0)
+    rows = {p.path: p.rows_per_root_row for p in tree_costs(m)}
+    assert rows == {"": 1.0, "0": 3.0, "0.0": 12.0, "0.1": 12.0}
+
+
+@given(m=S.models(), seed=S.seeds())
+def test_statistics_payload_does_not_grow_with_rows(m, seed):
+    note(json.dumps(m.to_spec()))
+    small = len(pickle.dumps(m.accumulate(m.sample(20, seed))))
+    large = len(pickle.dumps(m.accumulate(m.sample(200, seed + 1))))
+    assert abs(large - small) <= 8, (small, large)
+
+
+def test_hmm_cost_grows_with_sequence_length():
+    short = HMM([Gaussian(0, 1)] * 2, [[0.5, 0.5], [0.5, 0.5]], [0.5, 0.5], 5.0).cost()
+    long = HMM([Gaussian(0, 1)] * 2, [[0.5, 0.5], [0.5, 0.5]], [0.5, 0.5], 50.0).cost()
+    assert long.flops_per_row > 5 * short.flops_per_row
+    assert long.param_bytes == short.param_bytes and long.stat_bytes == short.stat_bytes

@@ -1,0 +1,78 @@
+"""The floating-point cost model against the models' own definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from models import Categorical, Composite, Gaussian, Mixture
+from models.cost import coupling_bytes_per_row, owned_roots, split_nodes, tree_costs
+from planner.costing import model_facts, model_fingerprint, replica_rows, shard_sums
+from tests.planner.helpers import dg, fg, nest, probs
+from tests.strategies import models
+
+
+def _evaluated(model, shard_of_leaf, s):
+    split = split_nodes(model, shard_of_leaf)
+    paths = {c.path for c in tree_costs(model)}
+    out = set(split)
+    for root, shard in owned_roots(model, shard_of_leaf).items():
+        if shard == s:
+            out |= {p for p in paths if root == "" or p == root or p.startswith(root + ".")}
+    return out
+
+
+@given(models(), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_shard_sums_follow_the_models_split_and_coupling_rules(model, m, rnd):
+    facts = model_facts(model)
+    m = min(m, facts.n_leaves)
+    shard = {p: rnd.randrange(m) for p in facts.leaf_paths}
+    sums = shard_sums(facts, [shard[p] for p in facts.leaf_paths], m)
+    assert {facts.paths[i] for i in np.flatnonzero(sums.split)} == split_nodes(model, shard)
+    assert sums.coupling_bytes_per_row == pytest.approx(coupling_bytes_per_row(model, shard))
+    costs = {c.path: c for c in tree_costs(model)}
+    for s in range(m):
+        ev = _evaluated(model, shard, s)
+        assert sums.flops[s] == pytest.approx(sum(costs[p].flops_per_row for p in ev))
+        assert sums.param[s] == pytest.approx(sum(costs[p].param_bytes for p in ev))
+        assert sums.work[s] == pytest.approx(sum(costs[p].work_bytes_per_row for p in ev))
+
+
+def test_mixture_components_share_one_data_column():
+    model = Mixture([fg(4), dg(4), dg(4)], probs(3))
+    facts = model_facts(model)
+    one = shard_sums(facts, [0, 0, 0], 1)
+    two = shard_sums(facts, [0, 1, 1], 2)
+    assert one.data[0] == pytest.approx(32.0)  # one copy of the 4 floats, not three
+    assert list(two.data) == pytest.approx([32.0, 32.0])
+
+
+def test_composite_fields_are_separate_columns():
+    facts = model_facts(Composite([Gaussian(0, 1), Categorical(probs(3))]))
+    assert shard_sums(facts, [0, 0], 1).data[0] == pytest.approx(16.0)
+
+
+@given(st.integers(1, 10**6), st.lists(st.sampled_from([1.0, 2.0, 3.5]), min_size=1, max_size=9))
+def test_replica_rows_sum_to_n_and_follow_speed(n, speeds):
+    speeds = speeds[: n]
+    rows = replica_rows(n, speeds)
+    assert sum(rows) == n and min(rows) >= 1
+    if n >= 100 * len(speeds):
+        per_speed = [r / s for r, s in zip(rows, speeds)]
+        assert max(per_speed) - min(per_speed) <= 1.0 / min(speeds) + 1e-9
+
+
+def test_fingerprint_ignores_parameter_values_but_not_structure():
+    a = Mixture([Gaussian(0, 1), Gaussian(3, 2)], [0.5, 0.5])
+    b = Mixture([Gaussian(5, 9), Gaussian(-1, 1)], [0.9, 0.1])
+    c = Mixture([Gaussian(0, 1), Gaussian(3, 2), Gaussian(1, 1)], probs(3))
+    assert model_fingerprint(a) == model_fingerprint(b)
+    assert model_fingerprint(a) != model_fingerprint(c)
+    assert model_fingerprint(Mixture([dg(3), dg(3)], [0.5, 0.5])) != model_fingerprint(Mixture([dg(4), dg(4)], [0.5, 0.5]))
+
+
+def test_facts_are_cached_by_identity():
+    model = nest()
+    assert model_facts(model) is model_facts(model)
