@@ -9,6 +9,9 @@ geometric mean, which minimizes the squared log error of the predicted times).
 
 The analytic counts are what the planner balances with, so what matters is that one rate
 predicts every family: the spread (max / min) of the implied rates must stay within 3x.
+The counts are in the units of ``models.engine`` (one elementwise float64 operation; matrix
+products, exp/log, gathers and running sums weighted by their relative time), so the rate
+is "elementwise operations per second", about 2e9 on one core of the reference machine.
 
 One thread (BLAS pools limited before numpy loads). Each family is timed ``--repeats`` times,
 interleaved with the others so that a noisy neighbour hits all of them alike; the fastest
@@ -46,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian,  # noqa: E402
                     Gaussian, Mixture, Poisson, Sequence, tree_costs)
+from models import engine  # noqa: E402
 from models.data import n_rows  # noqa: E402
 from models.engine import e_step  # noqa: E402
 
@@ -155,8 +159,9 @@ def main(argv=None) -> int:
           f"{spread:.2f}x (limit {MAX_SPREAD:.0f}x): {'ok' if spread <= MAX_SPREAD else 'TOO WIDE'}")
 
     args.out.mkdir(parents=True, exist_ok=True)
+    units = {k: getattr(engine, k) for k in ("MATMUL_FLOPS", "SLOW_FLOPS", "SCAN_FLOPS", "ROW_ACCESS_FLOPS")}
     out = {"flops_per_s": global_rate, "per_family": {k: v["flops_per_s"] for k, v in rows.items()},
-           "spread": spread, "details": rows,
+           "spread": spread, "units": units, "details": rows,
            "command": "python bench/cost_model.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     path = args.out / "calibration.json"
     path.write_text(json.dumps(out, indent=2))

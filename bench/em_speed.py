@@ -25,18 +25,30 @@ Sanity check
     times N must equal emgrid's log-likelihood trace (``em_step`` returns the log-likelihood
     of the model its E-step used): the same model, so they agree to rounding.
 
+Cross-check
+    Each round also times ``iters`` calls of scikit-learn's own E-step and M-step
+    (``_e_step``/``_m_step``, private methods) on the fitted estimator: the same work as one
+    iteration of ``fit`` without the differencing, reported next to it.
+
 Rates
-    GFLOP/s is the analytic count the planner uses (``models.tree_costs`` summed over the tree,
-    times N) over the measured time per iteration, printed next to this machine's measured
-    dgemm rate (square, 2000 x 2000) and the rate of one multiply of the E-step's shape.
+    GFLOP/s counts the arithmetic of one iteration (``kernel_flops``: the matrix products of
+    the log densities and the statistics plus one FLOP per element of the elementwise work)
+    over the measured time, printed next to this machine's dgemm rate (2000 x 2000, one
+    thread) and the rate of one matrix product of the E-step's shape. The cost model's
+    units (``models.tree_costs``, what the planner balances) are reported too.
 
 Usage::
 
     python bench/em_speed.py                         # full size, writes bench/results/
+    python bench/em_speed.py --spread 6 --tag _separated   # clusters far apart
     python bench/em_speed.py --n 100000 --rounds 1   # quick
     python bench/em_speed.py --covariance diag --no-optimize
 
-Results: ``bench/results/em_speed.json`` and ``bench/results/em_speed.md`` (``--out``).
+Data: a random mixture (``make_data``). How far apart the clusters are matters to
+scikit-learn: responsibilities that underflow into subnormal numbers slow its M-step's
+matrix products (``--spread 6``); emgrid clamps log-responsibilities first.
+
+Results: ``bench/results/em_speed<tag>.json`` and ``.md`` (``--out``, ``--tag``).
 """
 
 from __future__ import annotations
@@ -110,10 +122,11 @@ def em_shape_rate(k, features, n=1_000_000, cols=4096):
     return 2.0 * k * features * cols * reps / best_of(run) / 1e9
 
 
-def make_data(n, d, k, seed):
-    """Rows from a random mixture: K centres spread 3 units apart, unit-ish noise."""
+def make_data(n, d, k, seed, spread=3.0):
+    """Rows from a random mixture: K centres with coordinates drawn N(0, spread^2), noise of
+    standard deviation 0.5-1.5 per component and coordinate; start means are K random rows."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(0.0, 3.0, size=(k, d))
+    centres = rng.normal(0.0, spread, size=(k, d))
     scales = rng.uniform(0.5, 1.5, size=(k, d))
     labels = rng.integers(0, k, size=n)
     x = centres[labels] + rng.standard_normal((n, d)) * scales[labels]
@@ -133,15 +146,28 @@ def start_models(kind, means):
     return model, w, precisions
 
 
+def kernel_flops(kind, d, k):
+    """Arithmetic per row of one EM iteration of emgrid's batched kernels.
+
+    Matrix products: the log densities ``P @ F`` and the statistics ``W @ F'`` (2 FLOPs per
+    multiply-add over the ``nf`` features). Elementwise, one per element: the features
+    (centering, squares or products), and about 7 K for the log-sum-exp and the weights.
+    """
+    nf = 2 * d + 1 if kind == "diag" else d + 1 + d * (d + 1) // 2
+    elementwise = (2 * d if kind == "diag" else d + d * (d + 1) // 2) + 7 * k
+    return 4.0 * k * nf + elementwise
+
+
 def time_emgrid(model, x, iters):
-    """Per-iteration times of ``em_step`` (first one a warm-up) and the log-likelihood trace."""
-    times, trace = [], []
+    """Wall and CPU seconds of each ``em_step`` (the first a warm-up) and the log-likelihoods."""
+    times, cpu, trace = [], [], []
     for _ in range(iters + 1):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         model, ll = em_step(model, x)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         trace.append(ll)
-    return times, trace
+    return times, cpu, trace
 
 
 def sklearn_fit(kind, x, w, means, precisions, max_iter):
@@ -151,11 +177,22 @@ def sklearn_fit(kind, x, w, means, precisions, max_iter):
     gm = GaussianMixture(n_components=len(w), covariance_type=kind, weights_init=w, means_init=means,
                          precisions_init=precisions, init_params="random_from_data", max_iter=max_iter,
                          tol=0.0, reg_covar=0.0, random_state=0)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gm.fit(x)
-    return time.perf_counter() - t, gm
+    return time.perf_counter() - t, time.process_time() - c, gm
+
+
+def sklearn_direct(gm, x, iters):
+    """Wall seconds of ``iters`` E-step + M-step pairs of a fitted estimator (private API)."""
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        _, log_resp = gm._e_step(x)
+        gm._m_step(x, log_resp)
+        times.append(time.perf_counter() - t)
+    return times
 
 
 def time_optimize(model, x, iters):
@@ -171,18 +208,28 @@ def time_optimize(model, x, iters):
 def run_kind(kind, args, x, means, rates):
     n, d = x.shape
     model, w, precisions = start_models(kind, means)
-    flops = sum(c.flops_per_row for c in tree_costs(model)) * n
+    flops = kernel_flops(kind, d, len(w)) * n
+    units = sum(c.flops_per_row for c in tree_costs(model)) * n
     rounds = []
     for r in range(args.rounds):
-        em_times, trace = time_emgrid(model, x, args.iters)
-        t1, _ = sklearn_fit(kind, x, w, means, precisions, 1)
-        tm, gm = sklearn_fit(kind, x, w, means, precisions, 1 + args.iters)
+        em_times, em_cpu, trace = time_emgrid(model, x, args.iters)
+        t1, c1, _ = sklearn_fit(kind, x, w, means, precisions, 1)
+        tm, cm, gm = sklearn_fit(kind, x, w, means, precisions, 1 + args.iters)
+        direct = sklearn_direct(gm, x, args.iters) if args.direct else []
         em_iter = statistics.median(em_times[1:])
         sk_iter = (tm - t1) / args.iters
-        rounds.append({"emgrid_s": em_iter, "emgrid_all_s": em_times, "sklearn_s": sk_iter,
-                       "sklearn_fit1_s": t1, "sklearn_fit_s": tm, "speedup": sk_iter / em_iter})
-        print(f"  {kind} round {r + 1}: emgrid {em_iter:.4f} s/iter, scikit-learn {sk_iter:.4f} s/iter, "
-              f"speedup {sk_iter / em_iter:.2f}x", flush=True)
+        row = {"emgrid_s": em_iter, "emgrid_all_s": em_times, "emgrid_cpu_s": statistics.median(em_cpu[1:]),
+               "sklearn_s": sk_iter, "sklearn_cpu_s": (cm - c1) / args.iters, "sklearn_fit1_s": t1,
+               "sklearn_fit_s": tm, "speedup": sk_iter / em_iter}
+        msg = (f"  {kind} round {r + 1}: emgrid {em_iter:.4f} s/iter, scikit-learn {sk_iter:.4f} s/iter, "
+               f"speedup {sk_iter / em_iter:.2f}x")
+        if direct:
+            row["sklearn_direct_s"] = statistics.median(direct)
+            row["sklearn_direct_all_s"] = direct
+            row["speedup_direct"] = row["sklearn_direct_s"] / em_iter
+            msg += f" (its E+M steps timed directly: {row['sklearn_direct_s']:.4f} s, {row['speedup_direct']:.2f}x)"
+        rounds.append(row)
+        print(msg, flush=True)
     sk_trace = getattr(gm, "lower_bounds_", None)
     if sk_trace is not None:
         sk_trace = [float(v) * n for v in sk_trace]
@@ -197,13 +244,19 @@ def run_kind(kind, args, x, means, rates):
         "covariance": kind, "n": n, "d": d, "k": len(w), "iters_timed": args.iters, "rounds": rounds,
         "block_rows": block_rows(model),
         "emgrid_s_per_iter": em_s, "sklearn_s_per_iter": sk_s,
+        "emgrid_cpu_s_per_iter": statistics.median(r["emgrid_cpu_s"] for r in rounds),
+        "sklearn_cpu_s_per_iter": statistics.median(r["sklearn_cpu_s"] for r in rounds),
         "speedup_median_of_rounds": statistics.median(r["speedup"] for r in rounds),
         "speedup_of_medians": sk_s / em_s, "target_speedup": TARGETS[kind],
-        "analytic_flops_per_iter": flops, "emgrid_gflops": flops / em_s / 1e9,
+        "kernel_flops_per_iter": flops, "emgrid_gflops": flops / em_s / 1e9,
         "sklearn_gflops_same_count": flops / sk_s / 1e9,
+        "cost_model_units_per_iter": units, "emgrid_cost_units_per_s": units / em_s,
         "dgemm_gflops": rates["dgemm_gflops"],
         "loglik_emgrid": trace, "loglik_sklearn": sk_trace, "loglik_max_rel_diff": rel,
     }
+    if args.direct:
+        out["sklearn_direct_s_per_iter"] = statistics.median(r["sklearn_direct_s"] for r in rounds)
+        out["speedup_direct_median_of_rounds"] = statistics.median(r["speedup_direct"] for r in rounds)
     out["meets_target"] = out["speedup_median_of_rounds"] >= TARGETS[kind]
     if args.optimize:
         try:
@@ -219,22 +272,30 @@ def markdown(report):
     lines = [
         f"# EM speed: emgrid vs scikit-learn (one thread)",
         "",
-        f"N={report['n']}, d={report['d']}, K={report['k']}, float64; {report['rounds']} rounds of "
+        f"N={report['n']}, d={report['d']}, K={report['k']}, float64, centres spread {report['spread']:g}; "
+        f"{report['rounds']} rounds of "
         f"{report['iters']} timed iterations; machine: {report['machine']['cpu']}, "
         f"{report['machine']['cores']} cores.",
         f"Command: `{report['command']}`",
         "",
-        "| covariance | emgrid s/iter | scikit-learn s/iter | speedup (median of rounds) | target | "
-        "emgrid GFLOP/s | dgemm GFLOP/s | E-step-shape GEMM GFLOP/s | log-lik. max rel. diff |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| covariance | emgrid s/iter | scikit-learn s/iter (differenced) | speedup (median of rounds) | target | "
+        "scikit-learn E+M timed directly | speedup vs direct | emgrid GFLOP/s | dgemm GFLOP/s | "
+        "E-step-shape GEMM GFLOP/s | log-lik. max rel. diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         ok = "met" if r["meets_target"] else "MISSED"
+        direct = (f"{r['sklearn_direct_s_per_iter']:.4f} | {r['speedup_direct_median_of_rounds']:.2f}x"
+                  if "sklearn_direct_s_per_iter" in r else "- | -")
         lines.append(
             f"| {r['covariance']} | {r['emgrid_s_per_iter']:.4f} | {r['sklearn_s_per_iter']:.4f} | "
-            f"{r['speedup_median_of_rounds']:.2f}x | {r['target_speedup']:.0f}x ({ok}) | {r['emgrid_gflops']:.1f} | "
-            f"{report['rates']['dgemm_gflops']:.1f} | {report['rates']['em_shape_gflops'][r['covariance']]:.1f} | "
-            f"{r['loglik_max_rel_diff']:.1e} |")
+            f"{r['speedup_median_of_rounds']:.2f}x | {r['target_speedup']:.0f}x ({ok}) | {direct} | "
+            f"{r['emgrid_gflops']:.1f} | {report['rates']['dgemm_gflops']:.1f} | "
+            f"{report['rates']['em_shape_gflops'][r['covariance']]:.1f} | {r['loglik_max_rel_diff']:.1e} |")
+    lines += ["", "CPU seconds per iteration (less sensitive to other processes on the machine): "
+              + "; ".join(f"{r['covariance']}: emgrid {r['emgrid_cpu_s_per_iter']:.4f}, scikit-learn "
+                          f"{r['sklearn_cpu_s_per_iter']:.4f} ({r['sklearn_cpu_s_per_iter'] / r['emgrid_cpu_s_per_iter']:.2f}x)"
+                          for r in report["results"])]
     opt = [r for r in report["results"] if "optimize_local_s_per_iter" in r]
     if opt:
         lines += ["", "Public path `executors.optimize(executor=\"local\")`, one worker, per iteration:", ""]
@@ -268,8 +329,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the emgrid/scikit-learn pair")
     ap.add_argument("--covariance", default="diag,full", help="comma list of diag, full")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spread", type=float, default=3.0,
+                    help="standard deviation of the centres' coordinates (default 3: clusters apart, "
+                         "log-responsibilities above -700; 6: far apart, scikit-learn meets subnormals)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (em_speed<tag>.json/.md)")
     ap.add_argument("--no-optimize", dest="optimize", action="store_false",
                     help="skip timing the public executors.optimize path")
+    ap.add_argument("--no-direct", dest="direct", action="store_false",
+                    help="skip the cross-check timing scikit-learn's E-step and M-step directly")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.covariance.split(",") if k.strip()]
@@ -280,7 +347,7 @@ def main(argv=None):
     _limiter, pools = limit_threads()
     import sklearn
 
-    x, means = make_data(args.n, args.d, args.k, args.seed)
+    x, means = make_data(args.n, args.d, args.k, args.seed, args.spread)
     rates = {"dgemm_gflops": dgemm_rate(),
              "em_shape_gflops": {"diag": em_shape_rate(args.k, 2 * args.d + 1),
                                  "full": em_shape_rate(args.k, args.d + 1 + args.d * (args.d + 1) // 2)}}
@@ -289,15 +356,15 @@ def main(argv=None):
     results = [run_kind(kind, args, x, means, rates) for kind in kinds]
     report = {
         "command": "python bench/em_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "n": args.n, "d": args.d, "k": args.k, "iters": args.iters, "rounds": args.rounds,
+        "n": args.n, "d": args.d, "k": args.k, "iters": args.iters, "rounds": args.rounds, "spread": args.spread,
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "sklearn": sklearn.__version__, "blas_pools": pools},
         "rates": rates, "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "em_speed.json").write_text(json.dumps(report, indent=2))
+    (args.out / f"em_speed{args.tag}.json").write_text(json.dumps(report, indent=2))
     md = markdown(report)
-    (args.out / "em_speed.md").write_text(md)
+    (args.out / f"em_speed{args.tag}.md").write_text(md)
     print()
     print(md)
     return 0 if all(r["meets_target"] for r in results) else 1

@@ -10,7 +10,9 @@ Four measurements, all in one run (the MPI runs are this script started again un
    (one mixture per shard) gives the ``1x1`` trace, and the coupling bytes measured equal
    the planner's prediction (``n * plan.extra["coupling_bytes_per_row"]``).
 3. **Prediction**: for every run, the planner's predicted iteration time (its objective,
-   with the FLOP rate of ``bench/results/calibration.json``) against the measured one.
+   with the FLOP rate of ``bench/results/calibration.json``) against the measured one. The
+   ``local`` executor runs the cells of its grid one after another, so its prediction is
+   the sum of the workers' predicted compute.
 4. **Fixed overhead** per iteration of each executor (a tiny model, many iterations), which
    turns the seed's "when to distribute" rule into numbers for this machine.
 
@@ -137,9 +139,13 @@ def run_here(executor: str, dataset: NpyDataset, model, plan: BalancePlan, iters
 
 def summarize(res, wall_s: float) -> dict:
     phases = {k: statistics.median(t[k] for t in (res.timings[1:] or res.timings)) for k in res.timings[0]}
+    plan = res.plan
+    predicted = plan.predicted_iteration_s
+    if res.executor == "local":  # one process runs the grid's cells one after another
+        predicted = sum(w.compute_s for w in plan.per_worker)
     return {"executor": res.executor, "grid": f"{res.plan.data_parallel}x{res.plan.model_parallel}",
             "trace": res.log_likelihood, "iteration_s": per_iteration(res.timings), "phases_s": phases,
-            "bytes": res.bytes_moved[-1], "predicted_s": res.plan.predicted_iteration_s,
+            "bytes": res.bytes_moved[-1], "predicted_s": predicted,
             "predicted_breakdown": res.plan.breakdown.model_dump(), "wall_s": wall_s}
 
 
@@ -189,6 +195,7 @@ def measure_speedup(args, rate: float, work: Path) -> dict:
     best = best_of(args.rounds, runs)
     base = best["local"]["iteration_s"]
     for r in best.values():
+        r["implied_flops_per_s"] = r["predicted_breakdown"]["compute_s"] * rate / r["phases_s"]["compute"]
         r["speedup"] = base / r["iteration_s"]
         r["trace_rel_diff"] = rel_diff(r["trace"], best["local"]["trace"])
     return {"model": f"Mixture of {args.k} FullGaussian d={args.d}", "n": n, "runs": best}
@@ -257,6 +264,9 @@ def report(out: dict) -> str:
     for name, r in sp["runs"].items():
         lines.append(f"| {name} | {r['grid']} | {r['iteration_s']:.4f} | {r['speedup']:.2f}x | {r['predicted_s']:.4f} "
                      f"| {ratio(r)} | {r['trace_rel_diff']:.1e} |")
+    implied = [r["implied_flops_per_s"] for r in sp["runs"].values()]
+    lines += ["", f"FLOP rate at which the predicted compute term equals the measured compute phase, per run: "
+              + ", ".join(f"{x:.3g}" for x in implied) + " FLOP/s."]
     mp = out["model_parallel"]
     lines += ["", f"## 2. Model parallel: {mp['model']}, N={mp['n']}", "",
               "| run | s/iteration | predicted s | measured/predicted | trace diff vs 1x1 | coupling bytes measured "

@@ -96,6 +96,10 @@ class Categorical(Leaf):
         return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)
 
     def cost(self):
+        from .engine import SLOW_FLOPS
+
         v = self.n_values
-        return NodeCost(flops_per_row=6.0, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),
+        # log density: support check (min, max) and a gather; counts: the check and a bincount
+        flops = 4 + 2 * SLOW_FLOPS
+        return NodeCost(flops_per_row=flops, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)

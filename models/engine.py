@@ -23,8 +23,27 @@ from .cost import tree_costs
 from .data import Data, n_rows, take_rows
 from .stats import Stats
 
-#: Working-array budget of one row block; blocks are reused across iterations.
-BLOCK_BYTES = 48 * 2**20
+#: Working-array budget of one row block (by the nodes' ``work_bytes_per_row``). 32 MiB
+#: gave blocks of 3,000-7,000 rows for mixtures of 16 Gaussians of dimension 16, within a
+#: few percent of the fastest block size for diagonal, full and HMM models on a 2-core
+#: machine with 1 MiB of L2 per core and a 32 MiB L3.
+BLOCK_BYTES = 32 * 2**20
+
+# ---------------------------------------------------------------- units of the cost model
+# ``Node.cost().flops_per_row`` counts the E-step's work in one unit: an arithmetic
+# operation on one float64 element of a contiguous numpy array (also one element of a
+# reduction or a copy). Work of other kinds is weighted by its time relative to that on the
+# reference machine (one core, OpenBLAS); ``bench/cost_model.py`` fits the rate of the unit
+# and checks that one rate predicts every family's measured time within 3x.
+#: per FLOP of a matrix or matrix-vector product (2 per multiply-add);
+MATMUL_FLOPS = 0.1
+#: per element of an exp or log, a gather, scatter or bincount through an index array, a
+#: broadcast over short rows, or a transposing copy;
+SLOW_FLOPS = 3.2
+#: per element of a running sum (``cumsum``: a chain of dependent adds);
+SCAN_FLOPS = 10.0
+#: per row gathered from or scattered to scattered positions (a cache miss).
+ROW_ACCESS_FLOPS = 100.0
 MIN_BLOCK_ROWS = 256
 MAX_BLOCK_ROWS = 1 << 16
 
@@ -63,18 +82,24 @@ class _Pass:
         else:
             cls = _batch_family(node, path, self.frontier)
             work = None
-            if cls is not None:
-                cd = node._child_data(data, 0)
-                # a family with a shared feature block builds it once for both passes
-                prepare = getattr(cls, "_batch_prepare", None)
-                if prepare is not None:
-                    work = prepare(node.children, cd)
-                    child_lds = cls._batch_log_density(node.children, cd, work)
-                else:
-                    child_lds = cls._batch_log_density(node.children, cd)
-            else:
+            if cls is None:
                 child_lds = [self.up(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
-            ld, aux = node._combine(data, child_lds)
+                ld, aux = node._combine(data, child_lds)
+            elif getattr(cls, "_batch_prepare", None) is None:
+                child_lds = cls._batch_log_density(node.children, node._child_data(data, 0))
+                ld, aux = node._combine(data, child_lds)
+            else:
+                # one feature block serves both passes; a parent with per-child log offsets (a
+                # mixture's log weights) has the kernel add them in its product, for free
+                cd = node._child_data(data, 0)
+                work = cls._batch_prepare(node.children, cd)
+                offsets = getattr(node, "_child_log_offsets", None)
+                if offsets is None:
+                    child_lds = cls._batch_log_density(node.children, cd, work)
+                    ld, aux = node._combine(data, child_lds)
+                else:  # child_lds below are shifted by the offsets; _split does not read them
+                    child_lds = cls._batch_log_density(node.children, cd, work, offsets)
+                    ld, aux = node._combine_shifted(data, child_lds)
             self.aux[path] = (child_lds, aux, cls, work)
         self.ld[path] = ld
         return ld
@@ -213,10 +238,10 @@ def _fold_into(total: dict[str, list], out: dict) -> None:
             continue
         for i, v in enumerate(own):
             m = mine[i]
-            if isinstance(m, np.ndarray) and m.dtype.kind == "f" and m.shape == np.shape(v):
+            if type(m) is np.ndarray and m.dtype.kind == "f" and m.shape == getattr(v, "shape", None):
                 m += v
             else:
-                mine[i] = mine[i] + v
+                mine[i] = m + v
 
 
 def log_density(model: Node, data: Data) -> np.ndarray:

@@ -171,8 +171,18 @@ class HMM(Internal):
         return Ragged(sample_by_label(self.children, states, rng), offsets)
 
     def cost(self):
+        from .engine import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
+
         k, L = self.n_states, float(self.mean_length)
-        per_pos = 7.0 * k * k + 25.0 * k + 4
-        return NodeCost(flops_per_row=per_pos * L + 4, param_bytes=8 * (k * k + k + 1),
+        # Per position, forward and backward: 7 rows of K gathered from or scattered to the
+        # scattered positions of one time step (alpha, B twice, beta twice, alpha twice);
+        # 17 K + 4 slow elements (those rows' elements, the transposed copy, the max, shift
+        # and exp of B, sums over K, broadcasts over K, gamma's transpose, scalar
+        # gathers); 6 K + 10 passes; 3 K x K products; the running sum of segment_sum.
+        per_pos = (7 * ROW_ACCESS_FLOPS + (17 * k + 4) * SLOW_FLOPS + (6 * k + 10)
+                   + 6.0 * k * k * MATMUL_FLOPS + SCAN_FLOPS)
+        # per row: the length schedule, segment gathers, first positions, two sums
+        per_row = (6 + k) * SLOW_FLOPS + 5
+        return NodeCost(flops_per_row=per_pos * L + per_row, param_bytes=8 * (k * k + k + 1),
                         stat_bytes=stat_bytes(arrays=[k, k * k], scalars=2), data_bytes_per_row=8.0,
-                        coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(32.0 * k + 16) * L + 16)
+                        coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(48.0 * k + 32) * L + 16)

@@ -8,6 +8,7 @@ from .base import Internal, Node, as_float_array, check_probs, spec_field
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import concat_rows, take_index
+from .engine import SLOW_FLOPS
 from .errors import ModelError
 from .floors import LOG_CLAMP, MIN_WEIGHT
 
@@ -44,7 +45,7 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     if E.size and E.min() < LOG_CLAMP:  # clamping is a no-op otherwise; checking is cheaper
         np.maximum(E, LOG_CLAMP, out=E)
     np.exp(E, out=E)
-    s = E.sum(axis=0)
+    s = np.ones(E.shape[0]) @ E  # a matrix-vector product: faster than E.sum(axis=0)
     with np.errstate(divide="ignore"):
         return m + np.log(s), E, s
 
@@ -103,12 +104,23 @@ class Mixture(Internal):
     def _child_data(self, data, i):
         return data
 
+    @property
+    def _child_log_offsets(self) -> np.ndarray | None:
+        """The log weights, for batched kernels that add them to their own constant term (see
+        ``_combine_shifted``); None when a weight is 0, whose -inf must not enter a product."""
+        return self._logw if np.all(np.isfinite(self._logw)) else None
+
     def _combine(self, data, child_lds):
         if isinstance(child_lds, np.ndarray):  # a batched kernel's (K, n): add into a fresh array
             A = np.add(child_lds, self._logw[:, None], dtype=np.float64)
         else:
             A = np.array(child_lds, dtype=np.float64)  # fresh (K, n)
             A += self._logw[:, None]
+        return self._combine_shifted(data, A)
+
+    def _combine_shifted(self, data, A):
+        """``_combine`` from ``A[k] = log weights[k] + log density of component k`` (a fresh
+        ``(K, n)`` array, overwritten with the exponentials kept for ``_split``)."""
         ld, E, s = log_softmax_parts(A, overwrite=True)
         return ld, (E, s)
 
@@ -116,7 +128,7 @@ class Mixture(Internal):
         E, s = aux
         scale = w / np.where(s > 0, s, 1.0)
         E *= scale  # E now holds each component's row weights
-        return E, (E.sum(axis=1),)
+        return E, (E @ np.ones(E.shape[1]),)
 
     def _estimate(self, own, children):
         (counts,) = own
@@ -130,5 +142,8 @@ class Mixture(Internal):
 
     def cost(self):
         k = len(self.children)
-        return NodeCost(flops_per_row=20.0 * k + 5, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
+        # combine: add log weights, max, subtract, min, sum (5 K passes), exp (K), log, and
+        # 3 passes of n; split: scale and count (2 K passes) and 3 passes of n
+        flops = 7 * k + 6 + (k + 1) * SLOW_FLOPS
+        return NodeCost(flops_per_row=flops, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
                         data_bytes_per_row=0.0, coupling_bytes_per_row=8.0 * k, work_bytes_per_row=24.0 * k + 16)

@@ -61,5 +61,10 @@ class Poisson(Leaf):
         return rng.poisson(float(self.rate), size=n).astype(np.int64)
 
     def cost(self):
-        return NodeCost(flops_per_row=12.0, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
+        from .engine import MATMUL_FLOPS, SLOW_FLOPS
+
+        # log density: 5 passes and a log-factorial table lookup; statistics: a sum, the
+        # counts cast to float and one dot
+        flops = 7 + SLOW_FLOPS + 2 * MATMUL_FLOPS
+        return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)

@@ -115,6 +115,11 @@ class Sequence(Internal):
         return Ragged(self.child._sample(int(offsets[-1]), rng), offsets)
 
     def cost(self):
+        from .engine import MATMUL_FLOPS, SCAN_FLOPS, SLOW_FLOPS
+
         L = float(self.mean_length)
-        return NodeCost(flops_per_row=3.0 * L + 4, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
+        # per position: the running sum of segment_sum, its copy, the weights repeated;
+        # per row: two gathers at the offsets, lengths, a difference, a sum, one dot
+        flops = L * (SCAN_FLOPS + 3) + 2 * SLOW_FLOPS + 4 + 2 * MATMUL_FLOPS
+        return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=16.0 * L + 16)

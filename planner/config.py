@@ -30,7 +30,7 @@ class SolverConfig(BaseModel):
     #: Deterministic-time budget of one grid's program (CP-SAT work units, about seconds).
     grid_deterministic_limit: float = Field(default=4.0, gt=0)
     #: Programs solved at most (the grids and layouts with the lowest bounds first).
-    max_programs: int = Field(default=64, ge=1)
+    max_programs: int = Field(default=512, ge=1)
     #: Largest program solved: units times shards (bigger grids keep their heuristic plan).
     max_program_cells: int = Field(default=20_000, ge=1)
     deterministic: bool = True

@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 from models.cost import ceil_log2
 
 from .scaling import Scale
-from .units import UnitTree
+from .units import UnitTree, unit_order, unit_signature
 from .variables import ShardVars
 
 
@@ -79,16 +79,6 @@ def ownership(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
             model.add_bool_or([v.own[i][s]] + [k.negated() for k in kids])
         model.add(v.split[i] + sum(v.own[i]) == 1)
     return 0
-
-
-def unit_order(ut: UnitTree) -> list[int]:
-    """Units by decreasing FLOPs, identical units (same parent, costs and data) adjacent."""
-    return sorted(range(ut.n_units), key=lambda u: (-ut.unit_cost["flops"][u], unit_signature(ut, u), u))
-
-
-def unit_signature(ut: UnitTree, u: int) -> tuple:
-    return (int(ut.unit_parent[u]), *(float(ut.unit_cost[f][u]) for f in sorted(ut.unit_cost)),
-            float(ut.unit_couple[u]), ut.unit_groups[u])
 
 
 def first_fit_symmetry(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:

@@ -73,11 +73,12 @@ def explain(plan: BalancePlan) -> str:
 
 
 def grid_rationale(plan: BalancePlan, facts, resources, best_by_m: dict[int, float], bound_by_m: dict[int, float],
-                   *, pinned: bool) -> str:
+                   unfit_m: set[int], *, pinned: bool) -> str:
     """Why this grid: what set M, what limited D, the straggler and the coupling share.
 
     ``best_by_m`` holds the best fitting plan found for each shard count, ``bound_by_m``
-    the least lower bound of the grids pruned without a fitting plan."""
+    the least lower bound of the grids pruned without a fitting plan, ``unfit_m`` the
+    shard counts whose replicas cannot fit any grid's workers."""
     d, m, p, n = plan.data_parallel, plan.model_parallel, plan.workers_total, plan.n_data
     b = plan.breakdown
     parts = []
@@ -106,6 +107,12 @@ def grid_rationale(plan: BalancePlan, facts, resources, best_by_m: dict[int, flo
             parts.append("M=1: the model fits one worker and data parallelism needs no coupling")
     else:
         other = best_other(lambda k: k < m)
+        too_few = sorted(k for k in unfit_m if k < m)
+        if too_few and other is not None:
+            contiguous = too_few == list(range(too_few[0], too_few[-1] + 1))
+            span = (f"M={too_few[0]}..{too_few[-1]}" if contiguous and len(too_few) > 2
+                    else "M=" + ", ".join(map(str, too_few)))
+            other = f"{span} cannot hold a replica in memory; {other}"
         if other is None:
             largest = max((w.memory_bytes for w in resources.workers if w.memory_bytes is not None), default=None)
             need = 2 * (facts.param.sum() + facts.stat.sum())

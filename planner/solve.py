@@ -1,14 +1,18 @@
 """``balance_plan``: enumerate grids, bound, prune, solve, recompute, check the solver.
 
-1. Every grid ``D x M`` (``D*M <= workers``, ``D <= n_data``, ``M <= leaves``) gets an
-   analytic lower bound (``planner.bounds``) and the grids are visited in bound order.
+1. Every grid ``D x M`` (``D*M <= workers``, ``D <= n_data``, ``M <= leaves``) whose
+   largest replica can fit its workers' memory (``Bounds.grid_fits``) gets an analytic
+   lower bound (``planner.bounds``), and the grids are visited in bound order, for at most
+   ``SWEEP_SHARE`` of the time limit once a fitting plan is known.
 2. For each grid and each distinct layout (``planner.placement``) the rows follow the
    layout's speeds; ``M = 1`` is priced exactly, ``M > 1`` by every heuristic
    (``planner.heuristics``) on the placement units and, for grouped trees, on the leaves.
    The best fitting plan so far is the incumbent; a grid or layout whose bound is not
    below it (by more than the relative gap) is pruned.
 3. The surviving layouts are solved with CP-SAT in bound order (``planner.program``),
-   hinted with their best heuristic, under what is left of the time limit.
+   hinted with their best heuristic, under what is left of the time limit (at most
+   ``max_programs`` programs of at most ``max_program_cells`` units x shards; larger
+   grids keep their heuristic plan and analytic bound).
 4. Every solution is re-priced in floating point; the solver's objective must agree, and
    its bound may not exceed any fitting heuristic plan of the same layout: a violation is
    recorded in ``extra["solver_faults"]`` and the bound is not used.
@@ -94,6 +98,7 @@ class Search:
         self.counts = {"grids": 0, "layouts": 0, "pruned": 0, "programs": 0, "programs_optimal": 0,
                        "grids_unfit": 0, "layouts_unfit": 0}
         self.exhausted = False  # the time limit ended the sweep before any plan fitted
+        self.unfit_m: set[int] = set()  # shard counts no grid of which can hold its replica
         self.heuristic_best: tuple[float, str] | None = None
 
     def elapsed(self) -> float:
@@ -126,6 +131,7 @@ class Search:
     def sweep(self, grids: list[tuple[int, int]], bounds: Bounds) -> None:
         fitting = [g for g in grids if bounds.grid_fits(*g)]
         self.counts["grids_unfit"] = len(grids) - len(fitting)
+        self.unfit_m = {m for _, m in grids} - {m for _, m in fitting}
         ordered = sorted(fitting, key=lambda g: (bounds.grid_bound(*g), g[1], g[0]))
         for k, (d, m) in enumerate(ordered):
             lb = bounds.grid_bound(d, m)
@@ -292,5 +298,6 @@ def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[
     solve_time = search.elapsed()
     plan = assemble(facts, resources, n, ev, best.layout.as_lists(), status=status, lower_bound_s=lower,
                     solve_time_s=solve_time, rationale="pending", extra=extra)
-    why = grid_rationale(plan, facts, resources, search.best_by_m, search.bound_by_m, pinned=grid is not None)
+    why = grid_rationale(plan, facts, resources, search.best_by_m, search.bound_by_m, search.unfit_m,
+                         pinned=grid is not None)
     return plan.model_copy(update={"rationale": why})

@@ -131,7 +131,9 @@ def build_units(facts: ModelFacts, max_units: int) -> UnitTree:
         internal_parent.append(pos[par] if par >= 0 else -1)
         if par >= 0:
             child_internal[pos[par]].append(i)
-    unit_cost = {f: np.array([sum(subtree_sum(f, v) for v in tops) for tops in pieces]) for f in COST_FIELDS}
+    # summed directly (prefix-sum differences would make equal units differ in the last bits)
+    unit_cost = {f: np.array([sum(float(getattr(facts, f)[v:end[v]].sum()) for v in tops) for tops in pieces])
+                 for f in COST_FIELDS}
     has_data = facts.data > 0
     unit_groups = []
     for tops in pieces:
@@ -207,3 +209,28 @@ def _runs(items: list[int], k: int, weight) -> list[tuple[int, ...]]:
         start = cut
     bounds = [0, *cuts, len(items)]
     return [tuple(items[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def unit_signature(ut: UnitTree, u: int) -> tuple:
+    """Units with equal signatures (same parent, costs and data columns) are interchangeable."""
+    return (int(ut.unit_parent[u]), *(float(ut.unit_cost[f][u]) for f in sorted(ut.unit_cost)),
+            float(ut.unit_couple[u]), ut.unit_groups[u])
+
+
+def unit_order(ut: UnitTree) -> list[int]:
+    """Units by decreasing FLOPs, interchangeable units adjacent."""
+    return sorted(range(ut.n_units), key=lambda u: (-ut.unit_cost["flops"][u], unit_signature(ut, u), u))
+
+
+def unit_classes(ut: UnitTree) -> list[list[int]]:
+    """Runs of interchangeable units, in :func:`unit_order`."""
+    out: list[list[int]] = []
+    last = None
+    for u in unit_order(ut):
+        sig = unit_signature(ut, u)
+        if out and sig == last:
+            out[-1].append(u)
+        else:
+            out.append([u])
+        last = sig
+    return out

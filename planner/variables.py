@@ -7,7 +7,10 @@ tree (``planner.units``):
 - ``own[i][s]``: every unit below node ``i`` is on shard ``s`` (the node is evaluated by
   that shard alone);
 - ``split[i]``: the node's units lie on two or more shards (``split[i] + sum_s own[i][s] = 1``),
-  so every shard evaluates it.
+  so every shard evaluates it;
+- ``count[k][s]``: how many units of class ``k`` of interchangeable units are on shard
+  ``s`` (``= sum_{u in k} x[u][s]``); sums over units use these, which gives the search
+  integer quantities to branch on instead of many equivalent booleans.
 
 A node is *evaluated* by shard ``s`` exactly when ``own[i][s] + split[i] = 1``; a unit when
 ``x[u][s] = 1``. With ``M > 1`` the root is split (every shard holds a unit), so its
@@ -19,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.sat.python import cp_model
 
-from .units import UnitTree
+from .units import UnitTree, unit_classes
 
 
 class ShardVars:
@@ -38,13 +41,30 @@ class ShardVars:
             else:
                 self.own.append([model.new_bool_var(f"own[{i},{s}]") for s in range(m)])
                 self.split.append(model.new_bool_var(f"split[{i}]"))
+        self.classes = [k for k in unit_classes(ut) if len(k) > 1]
+        self.count = []
+        for j, k in enumerate(self.classes):
+            row = []
+            for s in range(m):
+                c = model.new_int_var(0, len(k), f"count[{j},{s}]")
+                model.add(c == sum(self.x[u][s] for u in k))
+                row.append(c)
+            self.count.append(row)
 
     def evaluated_sum(self, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int):
         """``sum_u c_u x[u][s] + sum_i c_i (own[i][s] + split[i])`` with integer coefficients."""
         terms, coefs = [], []
         const = 0
+        grouped = set()
+        for j, k in enumerate(self.classes):
+            c = int(unit_coef[k[0]])
+            if all(int(unit_coef[u]) == c for u in k):
+                grouped.update(k)
+                if c:
+                    terms.append(self.count[j][s])
+                    coefs.append(c)
         for u, c in enumerate(unit_coef):
-            if c:
+            if c and u not in grouped:
                 terms.append(self.x[u][s])
                 coefs.append(int(c))
         for i, c in enumerate(internal_coef):

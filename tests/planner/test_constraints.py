@@ -20,8 +20,11 @@ from tests.planner.helpers import mixed, small_nest, uniform
 N_DATA = 5000
 
 
-def program(model, res, d, m, families, fix=None, reference=1e-3):
-    """A program holding only ``families`` (and ``fix``: unit -> shard); returns the solve."""
+def program(model, res, d, m, families, fix=None, reference=0.02):
+    """A program holding only ``families`` (and ``fix``: unit -> shard); returns the solve.
+
+    ``reference`` (seconds) sets the tick scale and caps every time variable at four times it.
+    """
     facts = model_facts(model)
     ut = build_units(facts, 64)
     layout = make_layout(res, d, m)
@@ -126,6 +129,7 @@ def test_compute_term_is_infeasible_below_the_busiest_worker(below, feasible):
     fix = dict(enumerate([0, 0, 1, 1, 1]))
     status, solver, v, inst, *_ = program(model, uniform(2), 1, 2, [C.assignment, C.ownership, C.compute_term],
                                           fix=fix)
+    assert status == cp_model.OPTIMAL
     busiest = int(solver.objective_value)
     cp = cp_model.CpModel()
     vv = ShardVars(cp, inst.ut, 2)
