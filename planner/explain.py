@@ -158,7 +158,7 @@ def infeasible_message(facts, resources, n_data: int, grid, bounds) -> str:
     k = int(need.argmax())
     v = int(lv[k])
     if need[k] > largest:
-        return (f"leaf {facts.paths[v]} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
+        return (f"leaf {facts.paths[v] or '<root>'} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
                 f"statistics twice {fmt_bytes(2 * (facts.param[v] + facts.stat[v]))}, {rows} row(s) of data "
                 f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes(facts.work[v] * block)}); the largest "
                 f"worker has {fmt_bytes(largest)}: add memory, or more workers to spread the rows")
