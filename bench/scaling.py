@@ -100,6 +100,28 @@ def make_plan(model, n: int, d: int, m: int, rate: float, network: Network, shar
                                 data_parallel=d, model_parallel=m, shard_of_leaf=sol)
 
 
+# ---------------------------------------------------------------- how many cores are free
+def _probe_work(_=None) -> float:
+    """Seconds of a fixed single-thread matrix workload (about 0.25 s on one free core)."""
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    t0 = time.perf_counter()
+    for _ in range(400):
+        a = np.tanh(a @ a.T / 256.0)
+    return time.perf_counter() - t0
+
+
+def free_cores(workers: int = 2) -> float:
+    """``workers`` copies of the probe at once against one alone: about ``workers`` on an
+    idle machine, less when other processes share the cores."""
+    import multiprocessing as mp
+
+    alone = min(_probe_work() for _ in range(2))
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pool.map(_probe_work, range(workers))  # start-up
+        together = max(pool.map(_probe_work, range(workers)))
+    return workers * alone / together
+
+
 # ---------------------------------------------------------------- running
 def write_dataset(data, directory: Path, model) -> NpyDataset:
     """Writes the rows, flushes them to disk and reads them once, so no run pays for the
@@ -255,7 +277,10 @@ def report(out: dict) -> str:
     lines = [f"# Executor scaling on this machine ({out['cores']} cores)", "",
              f"FLOP rate for predictions: {out['flops_per_s']:.3g} FLOP/s ({out['rate_source']}).",
              f"Load average (1 min) before / after: {out['load_average_before']:.2f} / "
-             f"{out['load_average_after']:.2f} (other processes on these cores slow the parallel runs).", "",
+             f"{out['load_average_after']:.2f}; free cores measured before / after (two single-thread probes "
+             f"at once against one alone): {out['free_cores_before']:.2f} / {out['free_cores_after']:.2f}. "
+             "Other processes on these cores slow the parallel runs; results below 2 free cores understate "
+             "the speedups.", "",
              "Command: `" + out["command"] + "`", ""]
     sp = out["speedup"]
     lines += [f"## 1. Speedup: {sp['model']}, N={sp['n']}", "",
@@ -336,13 +361,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="emgrid-scaling-"))
     try:
         out = {"cores": len(os.sched_getaffinity(0)), "flops_per_s": rate, "rate_source": source,
-               "command": "python bench/scaling.py" + (" --quick" if args.quick else ""),
-               "load_average_before": os.getloadavg()[0]}
+               "command": " ".join(["python bench/scaling.py", *sys.argv[1:]]),
+               "load_average_before": os.getloadavg()[0], "free_cores_before": free_cores()}
         out["speedup"] = measure_speedup(args, rate, work)
         out["model_parallel"] = measure_model_parallel(args, rate, work)
         out["overhead"] = measure_overhead(args, rate, work)
         out["rule"] = distribution_rule(out)
         out["load_average_after"] = os.getloadavg()[0]
+        out["free_cores_after"] = free_cores()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for section in ("speedup", "model_parallel", "overhead"):
