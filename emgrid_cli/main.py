@@ -150,6 +150,7 @@ def _rank() -> int:
 
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
     from executors import optimize
+    from models.errors import FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
     from .progress import Progress
@@ -165,7 +166,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
         print()
     remaining = cfg.fit.max_iter - done
     progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
-    state = {"model": model, "trace": list(trace)}
+    state = {"model": model, "trace": list(trace), "saved": done}  # saved: iteration of the checkpoint on disk
 
     def callback(iteration, loglik, so_far):
         current_model = so_far.model
@@ -175,6 +176,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
         k = cfg.fit.checkpoint_every
         if k and lead and (done + iteration) % k == 0:
             write_checkpoint(out, done + iteration, current_model, state["trace"])
+            state["saved"] = done + iteration
 
     t0 = time.perf_counter()
     try:
@@ -189,6 +191,17 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
             write_checkpoint(out, done + len(state["trace"]) - len(trace), state["model"], state["trace"])
             print(f"interrupted: checkpoint written to {out}; continue with --resume", file=sys.stderr)
         return 130
+    except FitError as e:
+        # A worker died or the statistics went non-finite: keep every finished iteration
+        # (the model after the last M-step that completed) so --resume continues from it.
+        progress.close()
+        reached = done + len(state["trace"]) - len(trace)
+        if lead and reached > state["saved"]:
+            write_checkpoint(out, reached, state["model"], state["trace"])
+            state["saved"] = reached
+        if lead and state["saved"] > 0:
+            e.args = (f"{e}; the checkpoint of iteration {state['saved']} is in {out}: continue with --resume",)
+        raise
     progress.close()
     if not lead:
         return EXIT_OK

@@ -13,6 +13,7 @@ from typing import ClassVar
 from models import Node
 
 from .loop import GridOutcome, run_em
+from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import WorkerStep, grid_layout, reduce_shares, run_replica_lockstep
@@ -22,8 +23,10 @@ class LocalGrid:
     """Every worker's rows held in this process (views of the caller's arrays)."""
 
     def __init__(self, job: FitJob):
+        warm_up(job.model)
+        self.meter = PeakMeter()  # one process: one meter for every cell of the grid
         data = job.open_data()
-        self.steps = [[WorkerStep.from_full(job.model, spec, data) for spec in row]
+        self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row]
                       for row in grid_layout(job.model, job.plan)]
         self.model: Node = job.model
 
@@ -31,14 +34,16 @@ class LocalGrid:
         self.model = model
 
     def e_step(self, iteration: int) -> GridOutcome:
-        shares = [run_replica_lockstep(row, self.model) for row in self.steps]
+        shares = [run_replica_lockstep(row, self.model, iteration) for row in self.steps]
         flat = [s for row in shares for s in row]
         t0 = perf_counter()
         reduce_bytes = sum(len(s.payload()) for s in flat)
         stats, ll = reduce_shares(shares)
         return GridOutcome(stats=stats, loglik=ll, compute_s=sum(s.compute_s for s in flat),
                            coupling_s=sum(s.coupling_s for s in flat), reduce_s=perf_counter() - t0,
-                           coupling_bytes=sum(s.coupling_bytes for s in flat), reduce_bytes=reduce_bytes)
+                           coupling_bytes=sum(s.coupling_bytes for s in flat), reduce_bytes=reduce_bytes,
+                           peak_bytes={"local": self.meter.peak_bytes()},
+                           baseline_bytes={"local": self.meter.baseline_bytes})
 
 
 class LocalExecutor(BaseExecutor):

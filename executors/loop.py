@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
 
@@ -34,6 +34,8 @@ class GridOutcome:
     coupling_bytes: int
     reduce_bytes: int
     receive_s: float = 0.0  # slowest worker's unpickling of the broadcast model
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # per worker name, see executors.memory
+    baseline_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Grid(Protocol):
@@ -67,6 +69,8 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
         t_start = perf_counter()
         payload = pickle.dumps(model, protocol=PROTOCOL)
         grid.broadcast(model, payload)
+        broadcast_bytes = len(payload)
+        del payload  # not held through the E-step
         t_bcast = perf_counter()
         out = grid.e_step(it)
         check_finite(model, out, it)
@@ -78,9 +82,12 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
             "reduce": out.reduce_s, "mstep": t_end - t_m, "total": t_end - t_start,
         })
         result.bytes_moved.append({
-            "broadcast": len(payload), "compute": 0, "coupling": out.coupling_bytes,
+            "broadcast": broadcast_bytes, "compute": 0, "coupling": out.coupling_bytes,
             "reduce": out.reduce_bytes, "mstep": 0,
         })
+        for name, peak in out.peak_bytes.items():
+            result.worker_peak_bytes[name] = max(peak, result.worker_peak_bytes.get(name, 0))
+        result.worker_baseline_bytes.update(out.baseline_bytes)
         ll = out.loglik
         result.log_likelihood.append(ll)
         result.iterations = it

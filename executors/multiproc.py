@@ -9,7 +9,10 @@ gave arrays) that every worker maps for its own row range only.
 Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS limited to one
 thread: several processes each running several BLAS threads on the same cores are many
 times slower than one thread each. A worker that raises or dies stops the fit with a
-FitError naming it and the iteration; the parent never blocks on a dead worker.
+FitError naming it and the iteration; the parent never blocks on a dead worker. When one
+worker of a model-parallel replica fails, its peers lose their pipes to it and report
+that too; the parent names the worker that failed first (an error it reported, or a
+death), not the peers that stopped because of it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from models.errors import ConfigError, FitError
 
 from .datafiles import NpyDataset
 from .loop import GridOutcome, critical_path, run_em
+from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares
@@ -40,29 +44,56 @@ SINGLE_THREAD_ENV = {
     "VECLIB_MAXIMUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1",
 }
 _STOP = b""
+#: Seconds the parent keeps listening, after a worker reports that it lost a peer, for the
+#: peer's own error report or death (the cause, which it names instead).
+_CAUSE_GRACE_S = 5.0
+
+
+class _PeerLost(Exception):
+    """A pipe to another shard of the replica broke: that shard failed."""
+
+    def __init__(self, shard: int):
+        super().__init__(shard)
+        self.shard = shard
 
 
 def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connection,
                  peers: dict[int, Connection]) -> None:
     """A worker process: map its rows, then run one step per model received until told to stop."""
     try:
-        step = WorkerStep.from_full(model, spec, NpyDataset(directory).open())
+        warm_up(model)
+        meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
+        step = WorkerStep.from_full(model, spec, NpyDataset(directory).open(), meter)
         control.send(("ready", None))
+        iteration = 0
         while True:
             payload = control.recv_bytes()
             if payload == _STOP:
                 return
+            iteration += 1
             t0 = perf_counter()
+            model = None  # the last iteration's model: not kept while the new one is unpickled
             model = pickle.loads(payload)
+            del payload
             received = perf_counter() - t0
-            share = step.run(model, lambda mine: _exchange(spec.shard, peers, mine))
-            control.send(("share", (share.loglik, share.compute_s, share.coupling_s, share.coupling_bytes, received)))
-            control.send_bytes(share.payload())
-    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
-        return  # the parent or a peer went away; the parent reports what happened
-    except BaseException:
+            share = step.run(model, lambda mine: _exchange(spec.shard, peers, mine), iteration)
+            blob = share.payload()
+            control.send(("share", (share.loglik, share.compute_s, share.coupling_s, share.coupling_bytes, received,
+                                    share.peak_bytes, meter.baseline_bytes)))
+            del share
+            control.send_bytes(blob)
+            del blob
+    except _PeerLost as e:
         try:
-            control.send(("error", traceback.format_exc()))
+            control.send(("lost", e.shard))
+        except OSError:
+            pass
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        return  # the parent went away
+    except BaseException as e:
+        try:
+            summary = traceback.format_exception_only(type(e), e)[-1].strip()
+            control.send(("error", (summary, traceback.format_exc())))
         except OSError:
             pass
 
@@ -73,12 +104,15 @@ def _exchange(me: int, peers: dict[int, Connection], mine: dict) -> dict:
     every = dict(mine)
     for peer in sorted(peers):
         conn = peers[peer]
-        if me < peer:
-            conn.send_bytes(blob)
-            got = conn.recv_bytes()
-        else:
-            got = conn.recv_bytes()
-            conn.send_bytes(blob)
+        try:
+            if me < peer:
+                conn.send_bytes(blob)
+                got = conn.recv_bytes()
+            else:
+                got = conn.recv_bytes()
+                conn.send_bytes(blob)
+        except (EOFError, OSError):
+            raise _PeerLost(peer) from None
         every.update(pickle.loads(got))
     return every
 
@@ -150,19 +184,43 @@ class ProcessGrid:
         p = self.procs[i]
         p.join(1.0)
         code = p.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
         return FitError(f"{self._who(i)} {how} {when}")
 
+    def _peer(self, i: int, shard: int) -> int:
+        """Index of the worker running ``shard`` in worker ``i``'s replica."""
+        me = self.layout[i]
+        return next(k for k, s in enumerate(self.layout) if s.replica == me.replica and s.shard == shard)
+
     def _collect(self, when: str, timeout_s: float | None) -> list:
-        """One message from every worker; raises FitError on an error report, a death or a timeout."""
+        """One message from every worker; raises FitError on an error report, a death or a timeout.
+
+        A worker's error report or death is the cause and is raised at once. A worker that
+        reports it lost a peer only points at the cause: the parent keeps listening a few
+        seconds for the peer's own report or death, and names the peer either way.
+        """
         out: list = [None] * len(self.conns)
         pending = {c: i for i, c in enumerate(self.conns)}
         sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
         deadline = None if timeout_s is None else perf_counter() + timeout_s
+        lost: list[tuple[int, int]] = []  # (worker that reported, peer it lost)
         while pending:
             left = None if deadline is None else max(0.0, deadline - perf_counter())
+            if lost:
+                grace = max(0.0, lost_at + _CAUSE_GRACE_S - perf_counter())
+                left = grace if left is None else min(left, grace)
             ready = wait(list(pending) + [s for s, i in sentinels.items() if self.conns[i] in pending], left)
             if not ready:
+                if lost:
+                    i, j = lost[0]
+                    err = self._died(j, when)
+                    err.add_note(f"{self._who(i)} lost its pipe to it")
+                    raise err
                 names = ", ".join(self._who(i) for i in sorted(pending.values()))
                 raise FitError(f"no answer within {timeout_s:g} s {when} from {names}")
             for obj in ready:
@@ -171,8 +229,16 @@ class ProcessGrid:
                     try:
                         kind, body = obj.recv()
                         if kind == "error":
-                            raise FitError(f"{self._who(i)} failed {when}:\n{body}")
-                        out[i] = (body, obj.recv_bytes()) if kind == "share" else body
+                            summary, trace = body
+                            err = FitError(f"{self._who(i)} failed {when}: {summary}")
+                            err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
+                            raise err
+                        if kind == "lost":
+                            if not lost:
+                                lost_at = perf_counter()
+                            lost.append((i, self._peer(i, body)))
+                        else:
+                            out[i] = (body, obj.recv_bytes()) if kind == "share" else body
                     except (EOFError, OSError):
                         raise self._died(i, when) from None
                     del pending[obj]
@@ -180,6 +246,9 @@ class ProcessGrid:
                 i = sentinels.get(obj)
                 if i is not None and self.conns[i] in pending and not self.conns[i].poll():
                     raise self._died(i, when)
+        if lost:  # every worker answered, some only that a peer was gone: the peer's end
+            i, j = lost[0]
+            raise self._died(j, when)
         return out
 
     def broadcast(self, model: Node, payload: bytes) -> None:
@@ -194,27 +263,38 @@ class ProcessGrid:
         t0 = perf_counter()
         got = self._collect(f"in iteration {iteration}", self.timeout_s)
         shares, reduce_bytes = [], 0
-        for (ll, compute, coupling, cbytes, received), payload in got:
+        peaks, baselines = {}, {}
+        for spec, ((ll, compute, coupling, cbytes, received, peak, baseline), payload) in zip(self.layout, got):
             shares.append(WorkerShare(stats=pickle.loads(payload), loglik=ll, compute_s=compute,
                                       coupling_s=coupling, coupling_bytes=cbytes, receive_s=received))
             reduce_bytes += len(payload)
+            peaks[spec.name], baselines[spec.name] = peak, baseline
         d, m = self.shape
         stats, total = reduce_shares([shares[r * m:(r + 1) * m] for r in range(d)])
         return GridOutcome(stats=stats, loglik=total, **critical_path(shares, perf_counter() - t0),
-                           coupling_bytes=sum(s.coupling_bytes for s in shares), reduce_bytes=reduce_bytes)
+                           coupling_bytes=sum(s.coupling_bytes for s in shares), reduce_bytes=reduce_bytes,
+                           peak_bytes=peaks, baseline_bytes=baselines)
 
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send_bytes(_STOP)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(5.0)
+    def close(self, failed: bool = False) -> None:
+        """Stops every worker: asks them to stop (up to 5 s in all), then terminates and kills.
+
+        After a failed fit (``failed``) the workers have nothing left to do and some may be
+        stuck waiting on a dead peer or hung: they are terminated at once.
+        """
+        if not failed:
+            for c in self.conns:
+                try:
+                    c.send_bytes(_STOP)
+                except OSError:
+                    pass
+            deadline = perf_counter() + 5.0
+            for p in self.procs:
+                p.join(max(0.0, deadline - perf_counter()))
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
-                p.join(5.0)
+        for p in self.procs:
+            p.join(2.0)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -250,6 +330,7 @@ class MultiprocessingExecutor(BaseExecutor):
     def run(self, job: FitJob) -> FitResult:
         scratch = None
         grid = None
+        failed = True
         try:
             if isinstance(job.data, NpyDataset):
                 directory = str(job.data.directory)
@@ -260,11 +341,13 @@ class MultiprocessingExecutor(BaseExecutor):
                                self.startup_timeout_s)
             grid.start()
             self.worker_pids = grid.pids
-            return run_em(grid, job, self.name)
+            result = run_em(grid, job, self.name)
+            failed = False
+            return result
         finally:
             self.worker_pids = []
             if grid is not None:
-                grid.close()
+                grid.close(failed)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 

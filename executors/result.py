@@ -32,6 +32,11 @@ class FitResult:
       ``compute`` and ``mstep`` = 0. Pickled sizes can differ between executors by a few
       bytes per array (pickle memoizes objects shared within one payload).
     - ``plan``: the plan that ran; ``executor``: the executor's registry name.
+    - ``worker_peak_bytes``: per worker name, its peak resident memory during the fit
+      *above its baseline* (the RSS it had after its imports, before it opened its rows),
+      comparable with the plan's ``per_worker[i].memory_bytes``; ``worker_baseline_bytes``:
+      that baseline. The ``local`` executor reports its own process under ``"local"``.
+      :mod:`executors.memory` says exactly what each executor's baseline holds.
     """
 
     model: Node
@@ -42,6 +47,8 @@ class FitResult:
     bytes_moved: list[dict[str, int]] = field(default_factory=list)
     plan: BalancePlan | None = None
     executor: str = ""
+    worker_peak_bytes: dict[str, int] = field(default_factory=dict)
+    worker_baseline_bytes: dict[str, int] = field(default_factory=dict)
 
     def mean_timings(self, skip_first: bool = True) -> dict[str, float]:
         """Mean seconds per phase over the iterations (the first left out when there are others)."""

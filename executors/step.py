@@ -11,10 +11,16 @@ The step is a generator (:meth:`WorkerStep.passes`) that yields at every exchang
 same code runs the shards of a replica in lockstep in one process and, driven by
 :meth:`WorkerStep.run` with a blocking exchange, in one process per worker. Executors
 supply only the exchange, the reduce and the broadcast: how bytes move.
+
+Two things every executor gets from here alike: the fault-injection testing hook
+(:mod:`executors.faults`, read once per worker from ``EMGRID_FAULT``) fires inside
+:meth:`WorkerStep.passes`, and every share reports the worker's peak memory
+(:mod:`executors.memory`).
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -27,6 +33,9 @@ from models.base import child_path
 from models.data import Data, _ragged_unchecked
 from models.engine import block_rows, shard_block, shard_down, shard_up
 from planner.plan import BalancePlan
+
+from . import faults
+from .memory import PeakMeter
 
 #: Pickle protocol of every payload (statistics, models, exchanged log densities).
 PROTOCOL = 5
@@ -48,6 +57,7 @@ class WorkerSpec:
     active: bool  # False for the idle shards of a plan whose tree sits whole on one shard
     first_shard: bool  # folds the nodes above the owned roots and counts the log-likelihood
     exchanges: bool  # whether the shards of this replica exchange per block
+    index: int = 0  # grid index r * M + s
 
     @property
     def rows(self) -> int:
@@ -71,7 +81,7 @@ def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
                 active, first = True, s == 0
             row.append(WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop,
                                   leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
-                                  exchanges=not whole))
+                                  exchanges=not whole, index=r * len(plan.model_cuts) + s))
         layout.append(row)
     return layout
 
@@ -86,6 +96,7 @@ class WorkerShare:
     coupling_s: float = 0.0
     coupling_bytes: int = 0
     receive_s: float = 0.0  # unpickling the broadcast model, where the worker had to
+    peak_bytes: int = 0  # the worker's peak resident memory above its baseline so far (executors.memory)
 
     def payload(self) -> bytes:
         """The statistics as they cross the wire in the reduce."""
@@ -136,31 +147,48 @@ def _no_exchange(mine):
 class WorkerStep:
     """One worker's rows (restricted to its shard's columns) and its share of every E-step."""
 
-    def __init__(self, model: Node, spec: WorkerSpec, replica_data: Data):
-        """``replica_data``: the rows of the worker's replica, every column (views are fine)."""
+    def __init__(self, model: Node, spec: WorkerSpec, replica_data: Data, meter: PeakMeter | None = None):
+        """``replica_data``: the rows of the worker's replica, every column (views are fine).
+
+        ``meter``: the worker's memory meter, started before its rows were opened (a new one
+        started now when not given).
+        """
         self.spec = spec
+        self.meter = meter if meter is not None else PeakMeter()
+        self.faults = faults.from_env(spec.name, spec.index)
         self.data = restrict_columns(model, replica_data, frozenset(spec.leaves)) if spec.active else None
 
     @classmethod
-    def from_full(cls, model: Node, spec: WorkerSpec, data: Data) -> "WorkerStep":
+    def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
         """From the whole dataset: slices the worker's rows first (views, nothing read)."""
-        return cls(model, spec, take_rows(data, spec.start, spec.stop))
+        return cls(model, spec, take_rows(data, spec.start, spec.stop), meter)
 
-    def passes(self, model: Node) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
+    def exchanges_per_pass(self, model: Node) -> int:
+        """How many times :meth:`passes` yields for ``model`` (the same on every shard of a replica)."""
+        if not (self.spec.active and self.spec.exchanges):
+            return 0
+        return math.ceil(self.spec.rows / block_rows(model))
+
+    def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its owned roots' log densities per block.
 
         The value sent back in must be every owned root's log density for the block (all
-        shards of the replica). Returns the worker's :class:`WorkerShare`.
+        shards of the replica). Returns the worker's :class:`WorkerShare`. ``iteration``
+        (from 1; 0 = not counted) is what the fault-injection hook matches.
         """
         spec = self.spec
-        stats: Stats | None = None
+        folded: dict[str, list] | None = None
         ll = 0.0
         compute = 0.0
         sent = 0
-        if spec.active:
+        due = self.faults if iteration and self.faults else ()
+        if spec.active and spec.rows > 0:
             step = block_rows(model)
             ones = np.ones(min(step, spec.rows))
-            for a in range(0, spec.rows, step):
+            n_blocks = math.ceil(spec.rows / step)
+            for k, a in enumerate(range(0, spec.rows, step)):
+                if due:
+                    faults.fire(due, spec.name, iteration, k, k == n_blocks - 1)
                 t0 = perf_counter()
                 b = min(spec.rows, a + step)
                 block = take_rows(self.data, a, b)
@@ -174,15 +202,20 @@ class WorkerStep:
                     every = yield mine
                     t0 = perf_counter()
                     out, part = shard_down(model, block, w, spec.owned, cache, every, spec.first_shard)
-                stats = Stats(out) if stats is None else stats + Stats(out)
+                folded = _fold(folded, out)
                 ll += part
                 compute += perf_counter() - t0
-        return WorkerShare(stats=stats if stats is not None else Stats(), loglik=ll, compute_s=compute,
-                           coupling_bytes=sent)
+        elif due:
+            faults.fire(due, spec.name, iteration, 0, True)
+        stats = Stats({k: tuple(v) for k, v in folded.items()}) if folded is not None else Stats()
+        if due:
+            stats = faults.poison(due, iteration, stats)
+        return WorkerShare(stats=stats, loglik=ll, compute_s=compute, coupling_bytes=sent,
+                           peak_bytes=self.meter.peak_bytes())
 
-    def run(self, model: Node, exchange: Exchange) -> WorkerShare:
+    def run(self, model: Node, exchange: Exchange, iteration: int = 0) -> WorkerShare:
         """The E-step with a blocking ``exchange`` (an allgather over the replica's shards)."""
-        gen = self.passes(model)
+        gen = self.passes(model, iteration)
         coupling = 0.0
         try:
             mine = next(gen)
@@ -197,9 +230,28 @@ class WorkerStep:
         return share
 
 
-def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node) -> list[WorkerShare]:
+def _fold(total: dict[str, list] | None, out: dict) -> dict[str, list]:
+    """``total + out`` node by node, float arrays added in place (the sums ``Stats.__add__``
+    makes, without a new set of arrays per block); the first block's arrays are copied."""
+    if total is None:
+        return {k: [np.array(v) if isinstance(v, np.ndarray) else v for v in own] for k, own in out.items()}
+    for key, own in out.items():
+        mine = total.get(key)
+        if mine is None:
+            total[key] = [np.array(v) if isinstance(v, np.ndarray) else v for v in own]
+            continue
+        for i, v in enumerate(own):
+            m = mine[i]
+            if type(m) is np.ndarray and m.dtype.kind == "f" and m.shape == np.shape(v):
+                m += v
+            else:
+                mine[i] = m + v
+    return total
+
+
+def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node, iteration: int = 0) -> list[WorkerShare]:
     """The shards of one replica in one process: every block's exchange done in memory."""
-    gens = [st.passes(model) for st in steps]
+    gens = [st.passes(model, iteration) for st in steps]
     shares: list[WorkerShare | None] = [None] * len(gens)
     coupling = [0.0] * len(gens)
     sends: list = [None] * len(gens)

@@ -8,7 +8,7 @@ from .base import Internal, Node, as_float_array, check_probs, spec_field
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import concat_rows, take_index
-from .engine import SLOW_FLOPS
+from .engine import MATMUL_FLOPS, SLOW_FLOPS
 from .errors import ModelError
 from .floors import LOG_CLAMP, MIN_WEIGHT
 
@@ -142,8 +142,9 @@ class Mixture(Internal):
 
     def cost(self):
         k = len(self.children)
-        # combine: add log weights, max, subtract, min, sum (5 K passes), exp (K), log, and
-        # 3 passes of n; split: scale and count (2 K passes) and 3 passes of n
-        flops = 7 * k + 6 + (k + 1) * SLOW_FLOPS
+        # combine: max, subtract, min (3 K passes), exp (K), sum (a product), log, 3 passes of
+        # n; split: scale (K), count (a product), 3 passes of n. (The log weights are added in
+        # the batched kernels' products, or in one more K pass.)
+        flops = 4 * k + 6 + 4 * k * MATMUL_FLOPS + (k + 1) * SLOW_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
                         data_bytes_per_row=0.0, coupling_bytes_per_row=8.0 * k, work_bytes_per_row=24.0 * k + 16)

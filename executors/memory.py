@@ -1,0 +1,127 @@
+"""Peak resident memory of a worker, measured the way the plan predicts it.
+
+The plan's memory model (``planner.costing``, ``plan.per_worker[i].memory_bytes``) counts
+what a worker holds *for the fit*: its rows of data, one block of working arrays, the
+exchanged log densities and the parameters and statistics. It does not count the Python
+interpreter, numpy and the other imported modules, which every worker pays alike
+(about 30-60 MiB here) whatever it fits. So a worker reports its peak resident memory
+*above its baseline*: the resident set size (``VmRSS``) when its meter starts, after the
+imports and before it opens its rows.
+
+How: on Linux, writing ``5`` to ``/proc/self/clear_refs`` resets the process's peak RSS
+(``VmHWM``, which ``getrusage``'s ``ru_maxrss`` also reads) to its current RSS; the peak
+above the baseline is then ``VmHWM - baseline``, exact to the page and without sampling.
+Where ``/proc`` is unavailable the peak falls back to ``ru_maxrss - baseline`` (which can
+read high when an earlier peak of the process was larger).
+
+What the baseline holds, per executor:
+
+- ``multiprocessing``: each worker process starts its meter (after :func:`warm_up`) before it maps its rows from
+  the ``.npy`` files, so the increase holds the rows it touched (file pages count in RSS
+  once read), its working arrays, parameters and statistics: the plan's terms.
+- ``mpi``: each rank starts its meter when the fit starts. Rows the rank already holds in
+  memory (an in-memory dataset every rank loaded before calling ``optimize``) are in its
+  baseline, not in the increase; pass an :class:`executors.NpyDataset` to have each rank
+  map only its own rows, which then count as under ``multiprocessing``.
+- ``local``: the calling process, one meter for the whole grid, started when the fit
+  starts; the caller's arrays are in the baseline (the grid holds views of them).
+
+Starting a meter first returns the allocator's free pages to the kernel
+(:func:`release_free_memory`), so that a process that ran fits before measures the next
+one from what it holds. Side effect: starting a meter resets the calling process's peak-RSS mark, so after a fit
+``ru_maxrss`` of an MPI rank or of a process running the local executor reads the peak
+since the fit started.
+"""
+
+from __future__ import annotations
+
+import re
+
+_STATUS = "/proc/self/status"
+_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def _status() -> dict[str, int] | None:
+    """``{"VmRSS": bytes, "VmHWM": bytes}`` from /proc, or None where there is no /proc."""
+    try:
+        with open(_STATUS) as f:
+            text = f.read()
+    except OSError:
+        return None
+    got = {k: int(v) * 1024 for k, v in _FIELD.findall(text)}
+    return got if len(got) == 2 else None
+
+
+def _maxrss_bytes() -> int:
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (bytes)."""
+    st = _status()
+    return st["VmRSS"] if st else _maxrss_bytes()
+
+
+def reset_peak() -> bool:
+    """Resets this process's peak RSS to its current RSS; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def release_free_memory() -> None:
+    """Collects garbage and hands the allocator's free heap pages back to the kernel (glibc's
+    ``malloc_trim``), so that a process that has run fits before (an MPI rank, a caller of
+    the local executor) starts its meter from what it really holds: without it, the next
+    fit reuses free pages that are already resident and its increase reads too low."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMeter:
+    """Peak resident memory of this process above the RSS it had when the meter started."""
+
+    __slots__ = ("baseline_bytes", "exact")
+
+    def __init__(self) -> None:
+        release_free_memory()
+        self.exact = reset_peak() and _status() is not None
+        self.baseline_bytes = rss_bytes()
+
+    def peak_bytes(self) -> int:
+        """The highest RSS since the meter started, minus the baseline (>= 0)."""
+        st = _status() if self.exact else None
+        peak = st["VmHWM"] if st else _maxrss_bytes()
+        return max(0, peak - self.baseline_bytes)
+
+
+def warm_up(model) -> None:
+    """One E-step of ``model`` on four rows it samples itself, before a worker's meter starts.
+
+    The first E-step of a process pages in code (numpy's and OpenBLAS's kernels, LAPACK for
+    full covariances) and fills allocator arenas: about 1-2 MiB that belong to the libraries,
+    not to the fit, and that the plan does not count. Best effort: a model that cannot
+    sample skips it.
+    """
+    try:
+        import numpy as np
+
+        from models.engine import e_step
+
+        e_step(model, model.prepare(model.sample(4, np.random.default_rng(0))))
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass

@@ -1,0 +1,185 @@
+"""A worker that raises, dies, hangs or poisons its statistics stops the fit in bounded time.
+
+Faults are injected with the ``EMGRID_FAULT`` testing hook (``executors.faults``), which
+reaches spawned worker processes and ``mpiexec`` ranks through the environment. Every case
+runs under a deadline (SIGALRM in this process, ``timeout=`` for subprocesses), so a hang
+fails the test instead of stalling the suite. The model runs in three row blocks, so a
+fault at ``block=1`` strikes between two coupling exchanges of a model-parallel replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from executors import get, optimize
+from executors.faults import ENV, Fault, parse
+from models.errors import ConfigError, FitError
+
+from .fault_models import ROWS, blocky_data, blocky_model
+from .plans import grid_plan
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+DEADLINE_S = 120  # generous: the machine has two shared cores
+
+
+@contextlib.contextmanager
+def deadline(seconds: float = DEADLINE_S):
+    """Raises TimeoutError in this (the main) thread if the block runs longer than ``seconds``."""
+    def expire(signum, frame):
+        raise TimeoutError(f"no result within {seconds} s: the fit hangs")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def blocky():
+    model = blocky_model()
+    return model, blocky_data(model)
+
+
+def fit(blocky, fault: str, monkeypatch, *, grid=(1, 2), executor="multiprocessing", max_iter=4):
+    model, data = blocky
+    monkeypatch.setenv(ENV, fault)
+    with deadline():
+        return optimize(data, model, plan=grid_plan(model, ROWS, *grid), executor=executor, max_iter=max_iter,
+                        tol=0.0)
+
+
+# ---------------------------------------------------------------- the hook itself
+def test_the_hook_parses_and_refuses_nonsense():
+    assert parse("raise:worker=w1:iteration=2;exit:code=13") == (
+        Fault("raise", worker="w1", iteration=2), Fault("exit", code=13))
+    assert Fault("kill", worker="3").targets("w9", 3) and not Fault("kill", worker="w1").targets("w0", 0)
+    for bad, words in [("explode", "unknown fault kind"), ("raise:worker", "key=value"),
+                       ("raise:iteration=two", "iteration must be a number"), ("raise:colour=red", "key=value")]:
+        with pytest.raises(ConfigError, match=words):
+            parse(bad)
+
+
+# ---------------------------------------------------------------- multiprocessing
+def test_a_worker_raising_mid_exchange_is_named_with_the_iteration(blocky, monkeypatch):
+    t0 = time.perf_counter()
+    with pytest.raises(FitError, match=r"^worker 'w1' \(replica 0, shard 1, pid \d+\) failed in iteration 2: "
+                                       r".*InjectedFault: injected fault") as info:
+        fit(blocky, "raise:worker=w1:iteration=2:block=1", monkeypatch)
+    assert "\n" not in str(info.value)  # one line; the worker's traceback is a note
+    assert any("faults.py" in note for note in info.value.__notes__)
+    assert time.perf_counter() - t0 < 60
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_killed_mid_exchange_is_named_not_its_waiting_peer(blocky, monkeypatch):
+    # w1 waits on w0's pipe when w0 dies and reports the lost pipe; the parent names w0
+    with pytest.raises(FitError, match=r"^worker 'w0' \(replica 0, shard 0, pid \d+\) was killed by signal 9 "
+                                       r"in iteration 3$"):
+        fit(blocky, "kill:worker=w0:iteration=3:block=1", monkeypatch)
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_exiting_is_named_with_its_exit_code(blocky, monkeypatch):
+    with pytest.raises(FitError, match=r"^worker 'w1' \(replica 1, shard 0, pid \d+\) exited with code 13 "
+                                       r"in iteration 2$"):
+        fit(blocky, "exit:worker=1:iteration=2:code=13", monkeypatch, grid=(2, 1))
+    assert not multiprocessing.active_children()
+
+
+def test_a_hung_worker_hits_the_executor_timeout_and_is_terminated(blocky, monkeypatch):
+    model, data = blocky
+    monkeypatch.setenv(ENV, "hang:worker=w1:iteration=2:seconds=600")
+    t0 = time.perf_counter()
+    with deadline(), pytest.raises(FitError, match=r"no answer within 3 s in iteration 2 from worker 'w1'"):
+        optimize(data, model, plan=grid_plan(model, ROWS, 2, 1), executor=get("multiprocessing", timeout_s=3.0),
+                 max_iter=4, tol=0.0)
+    assert time.perf_counter() - t0 < 60
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("executor", ["local", "multiprocessing"])
+def test_a_nan_in_a_workers_statistics_stops_the_fit_naming_the_node(blocky, monkeypatch, executor):
+    with pytest.raises(FitError, match=r"^iteration 2: the statistics of node '0\.0\.1' \(Gaussian\) are not finite"):
+        fit(blocky, "nan:worker=w1:iteration=2:node=0.0.1", monkeypatch, executor=executor)
+
+
+def test_a_fault_for_a_later_iteration_leaves_earlier_ones_alone(blocky, monkeypatch):
+    res = fit(blocky, "raise:worker=w1:iteration=9", monkeypatch, max_iter=3)
+    assert res.iterations == 3
+    assert set(res.worker_peak_bytes) == {"w0", "w1"}
+
+
+# ---------------------------------------------------------------- MPI
+def test_an_mpi_rank_raising_on_comm_self_raises_fit_error_naming_it(blocky, monkeypatch):
+    mpi = pytest.importorskip("mpi4py.MPI")
+    with pytest.raises(FitError, match=r"^rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 2: "
+                                       r".*InjectedFault"):
+        fit(blocky, "raise:worker=w0:iteration=2:block=1", monkeypatch, grid=(1, 1),
+            executor=get("mpi", comm=mpi.COMM_SELF))
+
+
+needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to {sys.executable}")
+
+
+def run_mpi(fault: str, d: int, m: int, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", **{ENV: fault})
+    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(HERE / "mpi_fault_script.py"), str(d), str(m)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, env=env, cwd=str(ROOT))
+    return proc, time.perf_counter() - t0
+
+
+def fit_errors(proc) -> dict[int, str]:
+    # hydra may still glue two ranks' lines together: split at every marker
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"FITERROR (\d+): (.*?)(?=FITERROR|\n|$)", proc.stdout)}
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("fault,grid,expected", [
+    ("raise:worker=w1:iteration=2:block=1", (1, 2),
+     r"rank 1 \(worker 'w1', replica 0, shard 1\) failed in iteration 2: .*InjectedFault"),
+    ("raise:worker=w0:iteration=3", (2, 1),
+     r"rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 3: .*InjectedFault"),
+    ("nan:worker=w1:iteration=2:node=1", (2, 1),
+     r"iteration 2: the statistics of node '1' \(Poisson\) are not finite"),
+], ids=["raise-mid-exchange", "raise-on-the-coordinator", "nan"])
+def test_an_mpi_rank_that_fails_makes_every_rank_raise_the_same_fit_error(fault, grid, expected):
+    proc, _ = run_mpi(fault, *grid)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = fit_errors(proc)
+    assert sorted(errors) == [0, 1], proc.stdout + proc.stderr
+    assert errors[0] == errors[1]
+    assert re.match(expected, errors[0]), errors[0]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("fault", ["kill:worker=w1:iteration=2:block=1", "exit:worker=w1:iteration=2:code=13"],
+                         ids=["killed", "exits"])
+def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
+    proc, _ = run_mpi(fault, 1, 2)  # run_mpi's timeout= bounds the wait: a hang fails the test
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "DONE" not in out
+    if fault.startswith("exit"):
+        assert proc.returncode == 13, out  # hydra passes the dead rank's exit code on
+    else:
+        assert "BAD TERMINATION" in out and "signal 9" in out, out
+        pid = re.search(r"RANK 1 PID (\d+)", proc.stdout)
+        if pid:  # hydra names the dead process by pid: it is rank 1's
+            assert f"PID {pid.group(1)} " in out, out
