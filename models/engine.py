@@ -146,35 +146,6 @@ def subtree_data(model: Node, data: Data, path: str) -> Data:
     return data
 
 
-def restrict_data(model: Node, data: Data, keep_leaves: set[str], path: str = "") -> Data:
-    """``data`` with the columns of leaves outside ``keep_leaves`` replaced by None.
-
-    Sequence offsets are kept: every shard needs them to evaluate the nodes above its
-    subtrees.
-    """
-    from .data import Ragged, _ragged_unchecked
-
-    if model.is_leaf:
-        return data if path in keep_leaves else None
-    if not any(p == path or path == "" or p.startswith(path + ".") for p in keep_leaves):
-        if isinstance(data, Ragged):
-            return _ragged_unchecked(None, data.offsets)
-        return None
-    if isinstance(data, tuple):
-        return tuple(restrict_data(c, d, keep_leaves, child_path(path, i)) for i, (c, d) in enumerate(zip(model.children, data)))
-    if isinstance(data, Ragged):
-        vals = restrict_data_shared(model, data.values, keep_leaves, path)
-        return _ragged_unchecked(vals, data.offsets)
-    return restrict_data_shared(model, data, keep_leaves, path)
-
-
-def restrict_data_shared(model: Node, data: Data, keep: set[str], path: str) -> Data:
-    """For nodes whose children all read the same data (mixture, HMM, sequence)."""
-    parts = [restrict_data(c, data, keep, child_path(path, i)) for i, c in enumerate(model.children)]
-    held = [p for p in parts if p is not None]
-    return held[0] if held else None
-
-
 def shard_block(model: Node, data: Data, w: np.ndarray, owned: Sequence[str],
                 exchange: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                 first_shard: bool) -> tuple[dict, float]:

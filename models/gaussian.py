@@ -245,7 +245,13 @@ def _vector_column(data, where, family, d):
     if isinstance(data, (tuple, Ragged)):
         raise DataError(f"{where}: {family} expects a float array of shape (n, {d}), got {type(data).__name__}")
     try:
-        x = np.asarray(data, dtype=np.float64)
+        x = np.asarray(data)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
+    if x.dtype.kind not in "biufO":
+        raise DataError(f"{where}: {family} expects real numbers, got dtype {x.dtype}")
+    try:
+        x = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
         raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
     if x.ndim != 2 or x.shape[1] != d:

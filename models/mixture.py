@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, as_float_array, check_probs, spec_field
+from .base import Internal, Node, as_float_array, check_probs, prepare_by_any, spec_field, spec_list
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import concat_rows, take_index
@@ -85,7 +85,7 @@ class Mixture(Internal):
     def _from_spec(cls, spec):
         from .spec import from_spec
 
-        comps = [from_spec(c) for c in spec_field(spec, "components", cls.family)]
+        comps = [from_spec(c) for c in spec_list(spec, "components", cls.family)]
         return cls(comps, spec_field(spec, "weights", cls.family))
 
     def to_spec(self):
@@ -99,7 +99,7 @@ class Mixture(Internal):
         return self.children[0].data_type()
 
     def _prepare(self, data, where):
-        return self.children[0]._prepare(data, where)
+        return prepare_by_any(self.children, data, where)
 
     def _child_data(self, data, i):
         return data

@@ -15,7 +15,7 @@ Which nodes a shard evaluates
     Data bytes ``D_s`` count every *data column* the shard touches once: the children of
     a mixture or an HMM read one column (``Node.shares_child_data``), and a shard holding
     three components of a mixture keeps one copy of it, as
-    ``models.engine.restrict_data`` does.
+    ``executors.step.restrict_columns`` does.
 
 Rows
     Replica ``r`` takes ``rows_r`` consecutive rows (:func:`replica_rows`: proportional to

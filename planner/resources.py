@@ -13,7 +13,7 @@ from models.errors import ConfigError
 #: Effective FLOP rate of one core running emgrid's E-step kernels. ``bench/cost_model.py``
 #: measures it on a machine and writes ``bench/results/calibration.json``; pass
 #: ``flops_per_s`` (or ``[resources] flops_per_s`` in a config) to plan for other hardware.
-DEFAULT_FLOPS_PER_S = 2.0e9
+DEFAULT_FLOPS_PER_S = 2.8e9
 
 
 class Worker(BaseModel):

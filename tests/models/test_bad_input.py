@@ -29,10 +29,6 @@ MIX = Mixture([G, Gaussian(3.0, 1.0)], [0.5, 0.5])
 NAN, INF = math.nan, math.inf
 
 
-VECTOR_DTYPE_BUG = pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "models/gaussian.py _vector_column converts any array to float64: complex data lose their imaginary "
-    "part (ComplexWarning) and strings such as '1.5' are parsed, where DataError is expected; "
-    "base.float_column rejects dtype kinds outside 'biufO' and _vector_column needs the same check"))
 
 
 def case(id_, thunk, error, *words, marks=()):
@@ -56,10 +52,9 @@ DATA = [
     case("gaussian-strings", lambda: G.log_density(np.array(["a", "b"])), DataError, "Gaussian", "dtype"),
     case("gaussian-numeric-strings", lambda: G.log_density(np.array(["1.5", "2"])), DataError, "Gaussian", "dtype"),
     case("gaussian-complex", lambda: G.log_density(np.array([1 + 2j])), DataError, "Gaussian", "dtype"),
-    case("diag-complex", lambda: DG.log_density(np.array([[1 + 2j, 0]])), DataError, "DiagGaussian", "dtype",
-         marks=[VECTOR_DTYPE_BUG, pytest.mark.filterwarnings("ignore::numpy.exceptions.ComplexWarning")]),
+    case("diag-complex", lambda: DG.log_density(np.array([[1 + 2j, 0]])), DataError, "DiagGaussian", "dtype"),
     case("full-numeric-strings", lambda: FG.log_density(np.array([["1.5", "2"]])), DataError, "FullGaussian",
-         "dtype", marks=VECTOR_DTYPE_BUG),
+         "dtype"),
     case("categorical-fractional", lambda: CAT.log_density(np.array([0.5, 1.0])), DataError,
          "Categorical", "non-integral", "0.5"),
     case("categorical-strings", lambda: CAT.log_density(np.array(["a"])), DataError, "Categorical", "dtype"),
@@ -204,10 +199,7 @@ SPECS = [
         {"family": "HMM", "emissions": {"family": "Gaussian"}, "transitions": [[1.0]], "initial": [1.0]}),
          SpecError, "HMM", "'emissions'", "list"),
     case("spec-mixture-components-not-a-list", lambda: Node.from_spec(
-        {"family": "Mixture", "components": 7, "weights": [1.0]}), SpecError, "Mixture", "'components'", "list",
-         marks=pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-             "models/mixture.py Mixture._from_spec iterates spec['components'] unchecked: a non-list raises "
-             "TypeError; use models.base.spec_list(spec, 'components', cls.family) as Composite and HMM do"))),
+        {"family": "Mixture", "components": 7, "weights": [1.0]}), SpecError, "Mixture", "'components'", "list"),
     case("spec-bad-parameter-value", lambda: Node.from_spec({"family": "Gaussian", "mean": 0.0, "var": -1.0}),
          ModelError, "Gaussian.var", "> 0"),
 ]

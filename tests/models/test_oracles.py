@@ -207,13 +207,9 @@ NESTED_SUPPORTS = [
     pytest.param(Categorical([0.5, 0.5]), Categorical([0.2, 0.3, 0.5]), np.array([0, 1, 2, 2]), id="categoricals"),
     pytest.param(Exponential(1.5), Gaussian(0.5, 2.0), np.array([-2.0, 0.0, 0.3, 4.0, -0.1]), id="exponential-gaussian"),
 ]
-MIXTURE_ORDER_BUG = pytest.mark.xfail(strict=True, raises=DataError, reason=(
-    "models/mixture.py Mixture._prepare checks data with components[0] only, so a mixture whose first "
-    "component has the narrower support rejects rows the others explain; use "
-    "models.base.prepare_by_any(self.children, data, where) as HMM does"))
 
 
-@pytest.mark.parametrize("narrow_first", [False, pytest.param(True, marks=MIXTURE_ORDER_BUG)],
+@pytest.mark.parametrize("narrow_first", [False, True],
                          ids=["wide-first", "narrow-first"])
 @pytest.mark.parametrize(("narrow", "wide", "x"), NESTED_SUPPORTS)
 def test_mixture_of_components_with_nested_supports(narrow, wide, x, narrow_first):
