@@ -286,7 +286,8 @@ def main(argv=None) -> int:
     except FitError as e:
         if args.debug:
             raise
-        print(f"emgrid: fit failed: {e}", file=sys.stderr)
+        if not _under_mpiexec() or _rank() == 0:  # every rank raises the same FitError: one line
+            print(f"emgrid: fit failed: {e}", file=sys.stderr)
         return EXIT_FAILED
 
 

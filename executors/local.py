@@ -13,7 +13,7 @@ from typing import ClassVar
 from models import Node
 
 from .loop import GridOutcome, run_em
-from .memory import PeakMeter, warm_up
+from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import WorkerStep, grid_layout, reduce_shares, run_replica_lockstep
@@ -23,7 +23,6 @@ class LocalGrid:
     """Every worker's rows held in this process (views of the caller's arrays)."""
 
     def __init__(self, job: FitJob):
-        warm_up(job.model)
         self.meter = PeakMeter()  # one process: one meter for every cell of the grid
         data = job.open_data()
         self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row]

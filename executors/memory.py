@@ -24,7 +24,9 @@ What the baseline holds, per executor:
   baseline, not in the increase; pass an :class:`executors.NpyDataset` to have each rank
   map only its own rows, which then count as under ``multiprocessing``.
 - ``local``: the calling process, one meter for the whole grid, started when the fit
-  starts; the caller's arrays are in the baseline (the grid holds views of them).
+  starts (without the warm-up: the caller has usually run numpy already, and the local
+  executor's figure is informative only); the caller's arrays are in the baseline (the
+  grid holds views of them).
 
 Starting a meter first returns the allocator's free pages to the kernel
 (:func:`release_free_memory`), so that a process that ran fits before measures the next
@@ -76,20 +78,26 @@ def reset_peak() -> bool:
         return False
 
 
+_LIBC = None
+
+
 def release_free_memory() -> None:
-    """Collects garbage and hands the allocator's free heap pages back to the kernel (glibc's
-    ``malloc_trim``), so that a process that has run fits before (an MPI rank, a caller of
-    the local executor) starts its meter from what it really holds: without it, the next
-    fit reuses free pages that are already resident and its increase reads too low."""
-    import gc
-
-    gc.collect()
+    """Hands the allocator's free heap pages back to the kernel (glibc's ``malloc_trim``), so
+    that a process that has run fits before (an MPI rank, a caller of the local executor)
+    starts its meter from what it really holds: without it, the next fit reuses free pages
+    that are already resident and its increase reads too low. (No garbage collection: it
+    took 10-40 ms in a busy process, and numpy arrays are freed by reference counting.)"""
+    global _LIBC
+    if _LIBC is False:
+        return
     try:
-        import ctypes
+        if _LIBC is None:
+            import ctypes
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+            _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
     except (OSError, AttributeError):
-        pass
+        _LIBC = False
 
 
 class PeakMeter:

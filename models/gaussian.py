@@ -566,7 +566,8 @@ class FullGaussian(Leaf):
             nf = d + 1 + d * (d + 1) // 2
             own = 4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS
             block = d * SLOW_FLOPS + nf + 2 * d
-            work = 16.0 * d + 16 + 8.0 * nf * SHARED_BLOCK_SHARE
+            # the whole shared block: with few components, a share of it under-counts memory
+            work = 16.0 * d + 16 + 8.0 * nf
         else:
             # whitened products (2 d (d + 1)), squares and sums; weighted moments (2 d^2 + 2 d)
             own = (4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d
