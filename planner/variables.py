@@ -67,30 +67,12 @@ class ShardVars:
             if c and u not in grouped:
                 terms.append(self.x[u][s])
                 coefs.append(int(c))
-        for i, c in enumerate(internal_coef):
-            if not c:
-                continue
-            for var in (self.own[i][s], self.split[i]):
-                if isinstance(var, int):
-                    const += int(c) * var
-                else:
-                    terms.append(var)
-                    coefs.append(int(c))
-        return cp_model.LinearExpr.weighted_sum(terms, coefs) + const
+        pairs = [(var, c) for i, c in enumerate(internal_coef) if c for var in (self.own[i][s], self.split[i])]
+        return cp_model.LinearExpr.weighted_sum(terms, coefs) + const + _linear(pairs)
 
     def split_sum(self, coef: np.ndarray):
         """``sum_i c_i split[i]`` with integer coefficients."""
-        terms, coefs, const = [], [], 0
-        for i, c in enumerate(coef):
-            if not c:
-                continue
-            var = self.split[i]
-            if isinstance(var, int):
-                const += int(c) * var
-            else:
-                terms.append(var)
-                coefs.append(int(c))
-        return cp_model.LinearExpr.weighted_sum(terms, coefs) + const
+        return _linear([(self.split[i], c) for i, c in enumerate(coef) if c])
 
     def shard_of(self, solver: cp_model.CpSolver, u: int) -> int:
         return next(s for s in range(self.m) if solver.boolean_value(self.x[u][s]))
@@ -117,3 +99,15 @@ class ShardVars:
             for s in range(m):
                 model.add_hint(self.own[i][s], s == whole)
             model.add_hint(self.split[i], whole < 0)
+
+
+def _linear(pairs):
+    """``sum c * v`` over ``(v, c)`` pairs where ``v`` is a CP-SAT variable or a fixed int."""
+    terms, coefs, const = [], [], 0
+    for var, c in pairs:
+        if isinstance(var, int):
+            const += int(c) * var
+        else:
+            terms.append(var)
+            coefs.append(int(c))
+    return cp_model.LinearExpr.weighted_sum(terms, coefs) + const
