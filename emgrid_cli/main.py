@@ -84,12 +84,11 @@ def _plan(cfg, model, n):
 
 def cmd_plan(args) -> int:
     from .report import plan_table
-    from .session import build_data, build_model
+    from .session import build_model
 
     cfg = _config(args)
     model = build_model(cfg)
-    n = cfg.data.synthetic if cfg.data.synthetic is not None else _n_rows(build_data(cfg, model))
-    plan = _plan(cfg, model, n)
+    plan = _plan(cfg, model, _n_data(cfg, model))
     if args.json:
         print(plan.to_json(indent=1))
     else:
@@ -99,6 +98,13 @@ def cmd_plan(args) -> int:
 
         draw_plan(plan, args.picture)
     return EXIT_OK
+
+
+def _n_data(cfg, model) -> int:
+    """Rows the run will fit, without sampling synthetic data."""
+    from .session import build_data
+
+    return cfg.data.synthetic if cfg.data.synthetic is not None else _n_rows(build_data(cfg, model))
 
 
 def _n_rows(data):
@@ -124,19 +130,15 @@ def cmd_fit(args) -> int:
 
 
 def _launch_mpi(args, cfg) -> int:
+    """Re-runs this command under ``mpiexec`` with one rank per worker of the plan."""
     from .session import build_model
 
-    plan = _plan(cfg, build_model(cfg), cfg.data.synthetic or _n_rows(build_data_for_count(cfg)))
+    model = build_model(cfg)
+    plan = _plan(cfg, model, _n_data(cfg, model))
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
            "emgrid_cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
     return subprocess.call(cmd)
-
-
-def build_data_for_count(cfg):
-    from .session import build_data, build_model
-
-    return build_data(cfg, build_model(cfg))
 
 
 def _rank() -> int:

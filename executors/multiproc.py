@@ -209,6 +209,7 @@ class ProcessGrid:
         sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
         deadline = None if timeout_s is None else perf_counter() + timeout_s
         lost: list[tuple[int, int]] = []  # (worker that reported, peer it lost)
+        lost_at = 0.0  # when the first "lost" report arrived
         while pending:
             left = None if deadline is None else max(0.0, deadline - perf_counter())
             if lost:

@@ -67,10 +67,6 @@ class Ragged:
     def __len__(self) -> int:
         return int(self.offsets.size - 1)
 
-    def row_ids(self) -> np.ndarray:
-        """For every position, the index of the row it belongs to."""
-        return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)
-
     def segment_sum(self, per_position: np.ndarray) -> np.ndarray:
         """Sums a per-position array within each row (0 for empty rows)."""
         csum = np.concatenate([[0.0], np.cumsum(per_position, dtype=np.float64)])
@@ -140,17 +136,6 @@ def concat_rows(parts: list) -> Data:
         offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shift)])
         return _ragged_unchecked(values, offsets.astype(np.int64))
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
-
-
-def nbytes(data: Data) -> int:
-    """Bytes held by encoded data (offsets included)."""
-    if data is None:
-        return 0
-    if isinstance(data, tuple):
-        return sum(nbytes(c) for c in data)
-    if isinstance(data, Ragged):
-        return nbytes(data.values) + data.offsets.nbytes
-    return int(data.nbytes)
 
 
 def _ragged_unchecked(values: Data, offsets: np.ndarray) -> Ragged:

@@ -14,7 +14,6 @@ from scipy import special, stats
 
 from models import (HMM, Categorical, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
                     Poisson, Ragged, Sequence)
-from models.errors import DataError
 
 from tests import strategies as S
 
