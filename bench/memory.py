@@ -88,7 +88,7 @@ def terms(model, plan: BalancePlan) -> list[dict]:
         b = min(w.rows, facts.block_rows)
         couple = sums.coupling_bytes_per_row * b if m > 1 else 0.0
         out.append({"worker": w.name, "replica": w.replica, "shard": w.shard, "rows": w.rows, "block_rows": b,
-                    "data": sums.data[w.shard] * w.rows, "work": sums.work[w.shard] * b + couple,
+                    "data": sums.data[w.shard] * w.rows, "work": (sums.work[w.shard] + sums.scratch[w.shard]) * b + couple,
                     "params_stats": 2.0 * (sums.param[w.shard] + sums.stat[w.shard]),
                     "predicted": w.memory_bytes})
     return out

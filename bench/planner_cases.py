@@ -16,7 +16,7 @@ import numpy as np
 from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
 from models.base import Node
 from planner import Network, Resources, Worker
-from planner.costing import evaluate, model_facts
+from planner.costing import evaluate, leaf_bytes, model_facts
 
 MPI = Network(latency_s=10e-6, bytes_per_s=5e9)
 ETHERNET = Network(latency_s=50e-6, bytes_per_s=1e9)
@@ -79,9 +79,7 @@ class Case:
             rows = -(-self.n_data // max(1, self.tight_replicas or self.workers // 4))
             need = evaluate(facts, Resources.uniform(1), rows, np.zeros(facts.n_leaves, dtype=np.int64),
                             [[0]]).loads[0].memory_bytes
-            lv = facts.leaf_nodes
-            b = min(rows, facts.block_rows)
-            leaf = float((2 * (facts.param + facts.stat)[lv] + facts.data[lv] * rows + facts.work[lv] * b).max())
+            leaf = float(leaf_bytes(facts, rows, min(rows, facts.block_rows)).max())
             mem = max(1, int(max(self.tight_fraction * need, 1.5 * leaf)))
         workers = []
         for i in range(self.workers):

@@ -168,6 +168,17 @@ class Node:
         raise NotImplementedError
 
 
+def batch_class(node: Node) -> type | None:
+    """The leaf class whose batched kernels evaluate all of ``node``'s children in one
+    pass (they read one data column and are leaves of one class), else None."""
+    if not node.shares_child_data or len(node.children) < 2:
+        return None
+    cls = type(node.children[0])
+    if not all(type(c) is cls and c.is_leaf for c in node.children):
+        return None
+    return cls
+
+
 class Leaf(Node):
     """A node with data of its own and no children."""
 

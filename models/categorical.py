@@ -102,4 +102,5 @@ class Categorical(Leaf):
         # log density: support check (min, max) and a gather; counts: the check and a bincount
         flops = 4 + 2 * SLOW_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=8.0)

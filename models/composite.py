@@ -74,4 +74,4 @@ class Composite(Internal):
         c = len(self.children)
         # one copy and c - 1 additions of the children's log densities
         return NodeCost(flops_per_row=float(c), param_bytes=0, stat_bytes=0, data_bytes_per_row=0.0,
-                        coupling_bytes_per_row=8.0 * c, work_bytes_per_row=8.0 * c)
+                        coupling_bytes_per_row=8.0 * c, work_bytes_per_row=8.0)

@@ -34,7 +34,15 @@ COUPLING_BYTES = 8
 
 
 class NodeCost(BaseModel):
-    """A node's own cost, per row of its own data."""
+    """A node's own cost, per row of its own data.
+
+    Working memory of one block has two parts. ``work_bytes_per_row``: arrays the node
+    keeps from its upward pass until the block's statistics are folded (its log density,
+    a mixture's responsibilities); every evaluated node's are live together, so they add.
+    ``scratch_bytes_per_row``: temporaries that live only while the node computes (a
+    leaf's centred copy of its rows); one node computes at a time, so a worker holds the
+    largest of them, not their sum.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +52,7 @@ class NodeCost(BaseModel):
     data_bytes_per_row: float
     coupling_bytes_per_row: float
     work_bytes_per_row: float
+    scratch_bytes_per_row: float = 0.0
 
 
 def stat_bytes(*, arrays: list[int] = (), scalars: int = 0) -> int:
@@ -63,40 +72,74 @@ class PlacedCost:
     family: str
     description: str
     is_leaf: bool
+    batch_bytes_per_row: float  # per root row: the shared block of its batched children, in its work (0: none)
     rows_per_root_row: float
     flops_per_row: float  # own FLOPs per root row
     param_bytes: int
     stat_bytes: int
     data_bytes_per_row: float  # per root row
-    work_bytes_per_row: float  # per root row
+    work_bytes_per_row: float  # per root row, kept through the block's passes (they add)
+    scratch_bytes_per_row: float  # per root row, while the node computes (the largest counts)
     owned_root_coupling_bytes_per_row: float  # shipped per root row when this node is an owned root
+
+
+def batch_memory(node: "Node") -> tuple[float, float] | None:
+    """``(kept, scratch)`` bytes per row of the node's own rows when its children run as
+    one batched kernel that builds a shared block, else None. The block is charged to the
+    parent; the children then have no scratch of their own, and where the parent adds its
+    per-child log offsets in the kernel (a mixture), the kernel's output becomes the
+    parent's own responsibilities, so the children keep no log densities either."""
+    from .base import batch_class
+
+    cls = batch_class(node)
+    if cls is None or getattr(cls, "_batch_memory", None) is None:
+        return None
+    kept, scratch = cls._batch_memory(node.children)
+    rows = node.child_rows(0)  # the children's rows per row of the node (an HMM's positions)
+    return kept * rows, scratch * rows
+
+
+def block_bytes_per_row(costs: list[PlacedCost]) -> float:
+    """Working bytes per root row of a block evaluating ``costs``: every node's kept arrays
+    plus the largest scratch."""
+    return sum(c.work_bytes_per_row for c in costs) + max((c.scratch_bytes_per_row for c in costs), default=0.0)
 
 
 def tree_costs(model: "Node") -> list[PlacedCost]:
     """Every node's cost per root row, in pre-order."""
     out: list[PlacedCost] = []
 
-    def walk(node, path, mult):
+    def walk(node, path, mult, batched=None):
         c = node.cost()
+        work, scratch = c.work_bytes_per_row, c.scratch_bytes_per_row
+        if batched is not None:  # "kept": the parent keeps the kernel's output as its own
+            work, scratch = (0.0 if batched == "kept" else work), 0.0
+        batch = batch_memory(node)
+        if batch is not None:
+            work, scratch = work + batch[0], max(scratch, batch[1])
         out.append(
             PlacedCost(
                 path=path,
                 family=node.family,
                 description=node.describe(),
                 is_leaf=node.is_leaf,
+                batch_bytes_per_row=(sum(batch) if batch else 0.0) * mult,
                 rows_per_root_row=mult,
                 flops_per_row=c.flops_per_row * mult,
                 param_bytes=c.param_bytes,
                 stat_bytes=c.stat_bytes,
                 data_bytes_per_row=c.data_bytes_per_row * mult,
-                work_bytes_per_row=c.work_bytes_per_row * mult,
+                work_bytes_per_row=work * mult,
+                scratch_bytes_per_row=scratch * mult,
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )
         from .base import child_path
 
         for i, ch in enumerate(node.children):
-            walk(ch, child_path(path, i), mult * node.child_rows(i))
+            shifted = getattr(node, "_child_log_offsets", None) is not None
+            walk(ch, child_path(path, i), mult * node.child_rows(i),
+                 None if batch is None else ("kept" if shifted else "own"))
 
     walk(model, "", 1.0)
     return out

@@ -18,16 +18,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .base import Node, child_path
-from .cost import tree_costs
+from .base import Node, batch_class, child_path
+from .cost import block_bytes_per_row, tree_costs
 from .data import Data, n_rows, take_rows
 from .stats import Stats
 
-#: Working-array budget of one row block (by the nodes' ``work_bytes_per_row``). 32 MiB
-#: gave blocks of 3,000-7,000 rows for mixtures of 16 Gaussians of dimension 16, within a
-#: few percent of the fastest block size for diagonal, full and HMM models on a 2-core
-#: machine with 1 MiB of L2 per core and a 32 MiB L3.
-BLOCK_BYTES = 32 * 2**20
+#: Working-array budget of one row block (``cost.block_bytes_per_row``). It gives blocks of
+#: 3,000-20,000 rows for mixtures of 8-16 diagonal or full Gaussians of dimension 8-24 and
+#: for HMMs of 4 states over 10 positions; each ran within 10% of its fastest block size on
+#: a 2-core machine with 1 MiB of L2 per core and a 32 MiB L3, where an HMM block of 65,536
+#: rows ran 2x slower.
+BLOCK_BYTES = 8 * 2**20
 
 # ---------------------------------------------------------------- units of the cost model
 # ``Node.cost().flops_per_row`` counts the E-step's work in one unit: an arithmetic
@@ -44,9 +45,10 @@ SLOW_FLOPS = 3.2
 SCAN_FLOPS = 10.0
 #: per row gathered from or scattered to scattered positions (a cache miss).
 ROW_ACCESS_FLOPS = 100.0
-#: Working-array budget of any one leaf per block: a leaf's passes over its ``(rows, d)``
-#: temporaries then run from cache (a lone DiagGaussian or FullGaussian of dimension 16 ran
-#: 1.3x and 1.6x faster per row at 16,384 rows than at 65,536).
+#: Working-array budget of any one leaf (or batched kernel's shared block) per block: its
+#: passes over its ``(rows, d)`` temporaries then run from cache (a lone DiagGaussian or
+#: FullGaussian of dimension 16 ran 1.3x and 1.6x faster per row at 16,384 rows than at
+#: 65,536).
 LEAF_BLOCK_BYTES = 4 * 2**20
 MIN_BLOCK_ROWS = 256
 MAX_BLOCK_ROWS = 1 << 16
@@ -56,18 +58,17 @@ def block_rows(model: Node) -> int:
     """Rows per block so that one block's working arrays stay near ``BLOCK_BYTES`` and no
     leaf's beyond ``LEAF_BLOCK_BYTES``."""
     costs = tree_costs(model)
-    per_row = sum(c.work_bytes_per_row for c in costs)
-    per_leaf = max(c.work_bytes_per_row for c in costs if c.is_leaf)
+    per_row = block_bytes_per_row(costs)
+    per_leaf = max(max(c.batch_bytes_per_row, c.work_bytes_per_row + c.scratch_bytes_per_row if c.is_leaf else 0.0)
+                   for c in costs)
     rows = min(BLOCK_BYTES // max(per_row, 1.0), LEAF_BLOCK_BYTES // max(per_leaf, 1.0))
     return int(min(MAX_BLOCK_ROWS, max(MIN_BLOCK_ROWS, rows)))
 
 
 def _batch_family(node: Node, path: str, frontier) -> type | None:
     """The leaf class when all children are leaves of one class evaluated here, else None."""
-    if not node.shares_child_data or len(node.children) < 2:
-        return None
-    cls = type(node.children[0])
-    if not all(type(c) is cls and c.is_leaf for c in node.children):
+    cls = batch_class(node)
+    if cls is None:
         return None
     if frontier and any(child_path(path, i) in frontier for i in range(len(node.children))):
         return None

@@ -78,4 +78,5 @@ class Exponential(Leaf):
         # log density: 2 passes and the support check; statistics: the check, a sum, one dot
         flops = 5 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=8.0)

@@ -230,7 +230,8 @@ class Gaussian(Leaf):
     def cost(self):
         # log density: 4 passes (batched: 5); statistics: w * x, two sums, one dot
         return NodeCost(flops_per_row=7 + 2 * MATMUL_FLOPS, param_bytes=16, stat_bytes=stat_bytes(scalars=3),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=32.0)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=8.0)
 
 
 def _centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -326,6 +327,12 @@ class DiagGaussian(Leaf):
         return _stacked(leaves, build)
 
     @classmethod
+    def _batch_memory(cls, leaves) -> tuple[float, float]:
+        """Bytes per row of the batched kernels: the feature block, kept through both passes,
+        and no scratch beyond the parent's."""
+        return 8.0 * (2 * leaves[0].dim + 1), 0.0
+
+    @classmethod
     def _batch_prepare(cls, leaves, x):
         """The feature block ``[xc; xc**2; 1]`` of shape ``(2d + 1, n)``, with the parameters."""
         p = cls._batch_params(leaves)
@@ -387,7 +394,8 @@ class DiagGaussian(Leaf):
         block = d * SLOW_FLOPS + 3 * d + 1
         return NodeCost(flops_per_row=(8.0 * d + 4) * MATMUL_FLOPS + SHARED_BLOCK_SHARE * block, param_bytes=16 * d,
                         stat_bytes=stat_bytes(arrays=[d, d], scalars=1), data_bytes_per_row=8.0 * d,
-                        coupling_bytes_per_row=0.0, work_bytes_per_row=16.0 * d + 16)
+                        coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=8.0 * d)
 
 
 class FullGaussian(Leaf):
@@ -566,13 +574,21 @@ class FullGaussian(Leaf):
             nf = d + 1 + d * (d + 1) // 2
             own = 4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS
             block = d * SLOW_FLOPS + nf + 2 * d
-            # the whole shared block: with few components, a share of it under-counts memory
-            work = 16.0 * d + 16 + 8.0 * nf
         else:
             # whitened products (2 d (d + 1)), squares and sums; weighted moments (2 d^2 + 2 d)
             own = (4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d
             block = d * SLOW_FLOPS + 1
-            work = 16.0 * d + 16
+        # alone: the centred rows and their whitened copy (batched: see _batch_memory)
         return NodeCost(flops_per_row=own + SHARED_BLOCK_SHARE * block, param_bytes=8 * d + 8 * d * d,
                         stat_bytes=stat_bytes(arrays=[d, d * d], scalars=1), data_bytes_per_row=8.0 * d,
-                        coupling_bytes_per_row=0.0, work_bytes_per_row=work)
+                        coupling_bytes_per_row=0.0, work_bytes_per_row=8.0, scratch_bytes_per_row=16.0 * d)
+
+    @classmethod
+    def _batch_memory(cls, leaves) -> tuple[float, float]:
+        """Bytes per row of the batched kernels: the feature block kept through both passes,
+        and the scratch of folding (``W'`` copied; above ``FEATURE_MAX_DIM``, one weighted
+        copy of the centred rows)."""
+        d, k = leaves[0].dim, len(leaves)
+        if d <= FEATURE_MAX_DIM:
+            return 8.0 * (d + 1 + d * (d + 1) // 2), 8.0 * k
+        return 8.0 * (d + 1), 8.0 * d

@@ -67,4 +67,5 @@ class Poisson(Leaf):
         # counts cast to float and one dot
         flops = 7 + SLOW_FLOPS + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=24.0)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=16.0)

@@ -122,4 +122,4 @@ class Sequence(Internal):
         # per row: two gathers at the offsets, lengths, a difference, a sum, one dot
         flops = L * (SCAN_FLOPS + 3) + 2 * SLOW_FLOPS + 4 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=16.0 * L + 16)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=8.0 * L + 8)

@@ -70,11 +70,11 @@ class Bounds:
         self.block = facts.block_rows
         self.fixed = float(fixed.sum())
         self.data_row = float(facts.group_data.sum())
-        self.work_row = float(facts.work.sum())
+        self.work_row = float(facts.work.sum() + facts.scratch.max())  # some worker computes the largest scratch
         lv = facts.leaf_nodes
         self.leaf_fixed = fixed[lv]
         self.leaf_data = facts.data[lv]
-        self.leaf_work = facts.work[lv]
+        self.leaf_work = facts.work[lv] + facts.scratch[lv]
         self.min_column = float(facts.group_data[facts.data_group[lv]].min())
         mems = [w.memory_bytes for w in resources.workers]
         self.unknown_memory = any(x is None for x in mems)

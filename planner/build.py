@@ -136,7 +136,7 @@ def assemble(facts: ModelFacts, resources: Resources, n_data: int, ev: Evaluatio
                  leaves=tuple(facts.leaf_paths[i] for i in sums.leaves[s]),
                  flops_per_row=float(sums.flops[s]), param_bytes=int(round(sums.param[s])),
                  stat_bytes=int(round(sums.stat[s])), data_bytes_per_row=float(sums.data[s]),
-                 work_bytes_per_row=float(sums.work[s]))
+                 work_bytes_per_row=float(sums.work[s]), scratch_bytes_per_row=float(sums.scratch[s]))
         for s in range(m)
     )
     busiest = max(ev.loads, key=lambda w: (w.compute_s, w.flops))

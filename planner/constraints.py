@@ -193,9 +193,10 @@ def _per_shard_max(model, v: ShardVars, inst: Instance, field: str, k: float, na
 
 def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """For every column ``s`` and binding replica ``r`` (rows ``n``, block ``b = min(n, B)``):
-    ``sum_g data_g n z[g][s] + sum_v (work_v b + 2 (param_v + stat_v)) e[v][s] + [M > 1] b C
+    ``sum_g data_g n z[g][s] + sum_v (work_v b + 2 (param_v + stat_v)) e[v][s] + b X + [M > 1] b C
     <= limit``, coefficients rounded up, where ``z[g][s] >= e[v][s]`` for every node ``v``
-    reading data column ``g`` (one copy of a column per shard)."""
+    reading data column ``g`` (one copy of a column per shard) and ``X >= scratch_v e[v][s]``
+    (the shard's largest scratch)."""
     ut, sc = inst.ut, inst.scale
     coef = inst.couple_coef()
     members: dict[int, list[tuple[str, int]]] = {}
@@ -238,7 +239,9 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
 
             uc = np.array([min(top, sc.bytes_up(x)) for x in need(ut.unit_cost)])
             ic = np.array([min(top, sc.bytes_up(x)) for x in need(ut.internal_cost)])
-            expr = v.evaluated_sum(uc, ic, s)
+            expr = v.evaluated_sum(uc, ic, s) + v.evaluated_max(
+                model, np.array([min(top, sc.bytes_up(x * b)) for x in ut.unit_cost["scratch"]]),
+                np.array([min(top, sc.bytes_up(x * b)) for x in ut.internal_cost["scratch"]]), s, f"scratch[{s},{n}]")
             for per_row, lits in column_terms:
                 c = min(top, sc.bytes_up(per_row * n))
                 expr = expr + sum(c * lit for lit in lits)

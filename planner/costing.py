@@ -11,7 +11,8 @@ Which nodes a shard evaluates
     subtrees it owns (:func:`models.cost.owned_roots`) plus every split node: the split
     nodes are evaluated redundantly on every shard of a replica. With ``M = 1`` the only
     shard evaluates the whole tree. Shard sums ``X_s = sum_{v in E_s} x_v`` are taken of
-    FLOPs (``F_s``), parameter (``P_s``), statistic (``S_s``) and working bytes (``W_s``).
+    FLOPs (``F_s``), parameter (``P_s``), statistic (``S_s``) and kept working bytes
+    (``W_s``); the scratch bytes ``X_s = max_{v in E_s} x_v`` (one node computes at a time).
     Data bytes ``D_s`` count every *data column* the shard touches once: the children of
     a mixture or an HMM read one column (``Node.shares_child_data``), and a shard holding
     three components of a mixture keeps one copy of it, as
@@ -39,10 +40,11 @@ The total is the sum of the four terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
-    D_s * rows_r + W_s * b_r + [M > 1] C * b_r + 2 * (P_s + S_s)
+    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] C * b_r + 2 * (P_s + S_s)
 
 its rows of data (the leaves' columns and the split nodes' offsets), one block of working
-arrays, one block of exchanged log densities, and current plus new parameters and
+arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
+largest scratch), one block of exchanged log densities, and current plus new parameters and
 statistics. A worker whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
 """
@@ -80,7 +82,8 @@ class ModelFacts:
     param: np.ndarray
     stat: np.ndarray
     data: np.ndarray  # bytes per root row
-    work: np.ndarray  # bytes per root row
+    work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
+    scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
     couple: np.ndarray  # bytes per root row shipped when the node is an owned root
     data_group: np.ndarray  # data column of every node (nodes reading one column share it)
     group_data: np.ndarray  # bytes per root row of every data column
@@ -164,6 +167,7 @@ def _build_facts(model: Node) -> ModelFacts:
         stat=arr("stat_bytes"),
         data=data,
         work=arr("work_bytes_per_row"),
+        scratch=arr("scratch_bytes_per_row"),
         couple=arr("owned_root_coupling_bytes_per_row"),
         data_group=data_group,
         group_data=group_data,
@@ -221,6 +225,7 @@ class ShardSums:
     stat: np.ndarray  # S_s
     data: np.ndarray  # D_s, per root row: every data column the shard touches, once
     work: np.ndarray  # W_s, per root row
+    scratch: np.ndarray  # X_s, per root row: the largest scratch of the nodes the shard evaluates
     coupling_bytes_per_row: float  # C
     split_param: float  # P_split
     leaves: tuple[tuple[int, ...], ...]  # leaf indices of every shard, pre-order
@@ -241,6 +246,9 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     def per_shard(x: np.ndarray) -> np.ndarray:
         return np.bincount(node_shard[own], weights=x[own], minlength=n_shards)[:n_shards] + float(x[split].sum())
 
+    scratch = np.zeros(n_shards)
+    np.maximum.at(scratch, node_shard[own], facts.scratch[own])
+    scratch = np.maximum(scratch, float(facts.scratch[split].max(initial=0.0)))
     n_groups = len(facts.group_data)
     everywhere = np.zeros(n_groups, dtype=bool)
     everywhere[facts.data_group[split]] = True
@@ -261,7 +269,15 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
                      stat=per_shard(facts.stat), data=data, work=per_shard(facts.work),
-                     coupling_bytes_per_row=couple, split_param=float(facts.param[split].sum()), leaves=leaves)
+                     scratch=scratch, coupling_bytes_per_row=couple, split_param=float(facts.param[split].sum()), leaves=leaves)
+
+
+def leaf_bytes(facts: ModelFacts, rows: int, block: int) -> np.ndarray:
+    """Every leaf's own share of a worker's memory with ``rows`` rows (blocks of ``block``):
+    parameters and statistics twice, its data, its working arrays."""
+    lv = facts.leaf_nodes
+    return (2.0 * (facts.param + facts.stat)[lv] + facts.data[lv] * rows
+            + (facts.work + facts.scratch)[lv] * block)
 
 
 # ---------------------------------------------------------------- rows
@@ -341,7 +357,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     couple = sums.coupling_bytes_per_row if m > 1 else 0.0
     flops = rows_f[:, None] * sums.flops[None, :]
     seconds = flops / speed
-    memory = (sums.data[None, :] * rows_f[:, None] + sums.work[None, :] * block[:, None] + couple * block[:, None]
+    memory = (sums.data[None, :] * rows_f[:, None] + (sums.work + sums.scratch + couple)[None, :] * block[:, None]
               + 2.0 * (sums.param + sums.stat)[None, :])
     limit = memories[grid]
     known = np.isfinite(limit)

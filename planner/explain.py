@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .costing import leaf_bytes
 from .plan import BalancePlan
 
 
@@ -154,13 +155,13 @@ def infeasible_message(facts, resources, n_data: int, grid, bounds) -> str:
     rows = -(-n_data // d_best)
     block = min(rows, facts.block_rows)
     lv = facts.leaf_nodes
-    need = 2.0 * (facts.param + facts.stat)[lv] + facts.data[lv] * rows + facts.work[lv] * block
+    need = leaf_bytes(facts, rows, block)
     k = int(need.argmax())
     v = int(lv[k])
     if need[k] > largest:
         return (f"leaf {facts.paths[v] or '<root>'} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
                 f"statistics twice {fmt_bytes(2 * (facts.param[v] + facts.stat[v]))}, {rows} row(s) of data "
-                f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes(facts.work[v] * block)}); the largest "
+                f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes((facts.work[v] + facts.scratch[v]) * block)}); the largest "
                 f"worker has {fmt_bytes(largest)}: add memory, or more workers to spread the rows")
 
     def ratio(g):

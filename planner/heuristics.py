@@ -53,13 +53,15 @@ class Packing:
         self.ut = ut
         self.cols = cols
         self.base = c["work"][:, None] * cols.block_hi[None, :] + 2.0 * (c["param"] + c["stat"])[:, None]
+        self.scratch = c["scratch"][:, None] * cols.block_hi[None, :]
         self.group_bytes = ut.group_data[:, None] * cols.rows_hi[None, :]
         self.touched = np.zeros((len(ut.group_data), cols.m), dtype=bool)
         self.used = np.zeros(cols.m)
+        self.top = np.zeros(cols.m)  # the column's largest scratch so far (counted in used)
 
     def need(self, u: int) -> np.ndarray:
         """Bytes unit ``u`` would add to every column."""
-        out = self.base[u].copy()
+        out = self.base[u] + np.maximum(self.scratch[u] - self.top, 0.0)
         for g in self.ut.unit_groups[u]:
             out += np.where(self.touched[g], 0.0, self.group_bytes[g])
         return out
@@ -69,6 +71,7 @@ class Packing:
 
     def add(self, u: int, s: int) -> None:
         self.used[s] += self.need(u)[s]
+        self.top[s] = max(self.top[s], self.scratch[u, s])
         for g in self.ut.unit_groups[u]:
             self.touched[g, s] = True
 

@@ -24,7 +24,8 @@ class ModelCut(BaseModel):
     param_bytes: int
     stat_bytes: int
     data_bytes_per_row: float
-    work_bytes_per_row: float
+    work_bytes_per_row: float  # kept arrays of the nodes it evaluates
+    scratch_bytes_per_row: float = 0.0  # the largest scratch among them
 
 
 class WorkerLoad(BaseModel):

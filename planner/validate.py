@@ -123,7 +123,7 @@ def validate_plan(plan: BalancePlan, model: Node, resources: Resources, n_data: 
         sums = ev.sums
         want = {"flops_per_row": float(sums.flops[s]), "param_bytes": int(round(sums.param[s])),
                 "stat_bytes": int(round(sums.stat[s])), "data_bytes_per_row": float(sums.data[s]),
-                "work_bytes_per_row": float(sums.work[s])}
+                "work_bytes_per_row": float(sums.work[s]), "scratch_bytes_per_row": float(sums.scratch[s])}
         _compare(f"model_cuts[{s}]", {k: getattr(cut, k) for k in want}, want)
     _compare("plan", {"model_flops": plan.model_flops, "model_bytes": plan.model_bytes,
                       "per_worker_flops": plan.per_worker_flops},

@@ -70,6 +70,25 @@ class ShardVars:
         pairs = [(var, c) for i, c in enumerate(internal_coef) if c for var in (self.own[i][s], self.split[i])]
         return cp_model.LinearExpr.weighted_sum(terms, coefs) + const + _linear(pairs)
 
+    def evaluated_max(self, model: cp_model.CpModel, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int,
+                      name: str):
+        """An integer variable ``>= c`` for every unit and internal node evaluated on shard
+        ``s`` (their largest ``c`` when minimized; 0 when every ``c`` is 0)."""
+        floor = max((int(c) for i, c in enumerate(internal_coef) if isinstance(self.split[i], int) and self.split[i] == 1), default=0)
+        top = max(floor, int(max(unit_coef, default=0)), int(max(internal_coef, default=0)))
+        if top == floor:
+            return floor
+        t = model.new_int_var(floor, top, name)
+        for u, c in enumerate(unit_coef):
+            if c > floor:
+                model.add(t >= int(c)).only_enforce_if(self.x[u][s])
+        for i, c in enumerate(internal_coef):
+            if c > floor:
+                for lit in (self.own[i][s], self.split[i]):
+                    if not isinstance(lit, int):
+                        model.add(t >= int(c)).only_enforce_if(lit)
+        return t
+
     def split_sum(self, coef: np.ndarray):
         """``sum_i c_i split[i]`` with integer coefficients."""
         return _linear([(self.split[i], c) for i, c in enumerate(coef) if c])

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import pickle
+import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, note
 
-from models import HMM, Gaussian, Node, NodeCost, Sequence, Stats, tree_costs
-from models.cost import COUPLING_BYTES
+from models import (HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Node, NodeCost,
+                    Sequence, Stats, tree_costs)
+from models.cost import COUPLING_BYTES, batch_memory, block_bytes_per_row
+from models.engine import shard_block
 
 from tests import strategies as S
 
@@ -69,9 +72,60 @@ def test_tree_costs_scale_rows_under_sequences_by_mean_length(m):
         assert pc.rows_per_root_row == pytest.approx(mult[pc.path], rel=1e-12)
         assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult[pc.path], rel=1e-12)
         assert pc.data_bytes_per_row == pytest.approx(own.data_bytes_per_row * mult[pc.path], rel=1e-12)
-        assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult[pc.path], rel=1e-12)
+        parent = m.node_at(pc.path.rsplit(".", 1)[0] if "." in pc.path else "") if pc.path else None
+        if parent is None or batch_memory(parent) is None:  # a batched kernel's children: see below
+            assert pc.scratch_bytes_per_row == pytest.approx(own.scratch_bytes_per_row * mult[pc.path], rel=1e-12)
+            if batch_memory(node) is None:
+                assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult[pc.path], rel=1e-12)
         assert pc.owned_root_coupling_bytes_per_row == pytest.approx(COUPLING_BYTES * mult[pc.path], rel=1e-12)
         assert (pc.param_bytes, pc.stat_bytes, pc.is_leaf) == (own.param_bytes, own.stat_bytes, node.is_leaf)
+
+
+def traced_block_bytes(model: Node, data, w) -> int:
+    """Peak bytes numpy allocates while one worker runs one block (its data excluded)."""
+    shard_block(model, data, w, [""], lambda x: x, True)  # caches (expanded parameters) warm
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = shard_block(model, data, w, [""], lambda x: x, True)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del out
+    return peak
+
+
+#: Small allocations of a block that do not grow with its rows (expanded parameters,
+#: per-node scalars, Python objects).
+FIXED_BLOCK_BYTES = 256 * 1024
+
+
+@given(m=S.models(), seed=S.seeds())
+def test_working_memory_of_a_block_is_predicted_from_the_costs(m, seed):
+    """The oracle is the allocator: numpy's allocations traced while a block runs. The plan
+    multiplies ``block_bytes_per_row`` by the block's rows; it must never under-count by
+    more than a quarter, and over-counts only where nested HMMs share scratch."""
+    note(json.dumps(m.to_spec()))
+    n = 2000
+    data = m.prepare(m.sample(n, np.random.default_rng(seed)))
+    predicted = block_bytes_per_row(tree_costs(m)) * n
+    traced = traced_block_bytes(m, data, np.ones(n))
+    note(f"predicted {predicted:.0f} traced {traced}")
+    assert traced <= 1.25 * predicted + FIXED_BLOCK_BYTES
+    assert traced >= 0.4 * predicted - FIXED_BLOCK_BYTES
+
+
+@pytest.mark.parametrize("model", [
+    Mixture([DiagGaussian(np.full(8, float(i)), np.ones(8)) for i in range(16)], np.full(16, 1 / 16)),
+    Mixture([FullGaussian(np.full(24, float(i)), np.eye(24)) for i in range(2)], [0.5, 0.5]),
+    HMM([DiagGaussian(np.full(4, float(i)), np.ones(4)) for i in range(4)], np.full((4, 4), 0.25), np.full(4, 0.25), 10.0),
+    Composite([Categorical(np.full(20, 0.05)), Gaussian(0.0, 1.0), Sequence(DiagGaussian(np.zeros(4), np.ones(4)), 10.0)]),
+], ids=["diag-mixture", "full-mixture", "hmm", "composite"])
+def test_working_memory_of_the_benchmark_families_is_within_a_tenth(model):
+    n = 4000
+    data = model.prepare(model.sample(n, np.random.default_rng(0)))
+    predicted = block_bytes_per_row(tree_costs(model)) * n
+    assert traced_block_bytes(model, data, np.ones(n)) == pytest.approx(predicted, rel=0.1)
 
 
 def test_tree_costs_multiply_nested_sequence_lengths():
