@@ -276,7 +276,7 @@ def run_kind(kind, args, x, means, rates):
 
 def markdown(report):
     lines = [
-        f"# EM speed: emgrid vs scikit-learn (one thread)",
+        "# EM speed: emgrid vs scikit-learn (one thread)",
         "",
         f"N={report['n']}, d={report['d']}, K={report['k']}, float64, centres spread {report['spread']:g}; "
         f"{report['rounds']} rounds of "

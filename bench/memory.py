@@ -10,7 +10,8 @@ Workers are ``multiprocessing`` processes (``--executor mpi`` runs the same fits
 
 ``--families`` adds a second table: per model family, the working bytes per row a worker
 really holds (measured peak minus its data, over one block of rows) against the model's
-``work_bytes_per_row``, the input the plan's working-array term multiplies.
+``models.cost.block_bytes_per_row`` (the nodes' kept bytes plus the largest scratch), the
+input the plan's working-array term multiplies.
 
 Writes ``bench/results/memory.{md,json}`` (``--out`` to change).
 """
@@ -38,9 +39,10 @@ import numpy as np  # noqa: E402
 from executors import NpyDataset, get, optimize  # noqa: E402
 from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,  # noqa: E402
                     Mixture, Poisson, Sequence, from_spec)
+from models.cost import block_bytes_per_row, tree_costs  # noqa: E402
 from models.engine import block_rows  # noqa: E402
 from planner import Resources, balance_plan  # noqa: E402
-from planner.costing import leaf_shard_array, model_facts, shard_sums  # noqa: E402
+from planner.costing import fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
 from planner.plan import BalancePlan  # noqa: E402
 
 MiB = 2**20
@@ -89,7 +91,7 @@ def terms(model, plan: BalancePlan) -> list[dict]:
         couple = sums.coupling_bytes_per_row * b if m > 1 else 0.0
         out.append({"worker": w.name, "replica": w.replica, "shard": w.shard, "rows": w.rows, "block_rows": b,
                     "data": sums.data[w.shard] * w.rows, "work": (sums.work[w.shard] + sums.scratch[w.shard]) * b + couple,
-                    "params_stats": 2.0 * (sums.param[w.shard] + sums.stat[w.shard]),
+                    "params_stats": fixed_bytes(sums.param[w.shard], sums.stat[w.shard]),
                     "predicted": w.memory_bytes})
     return out
 
@@ -206,8 +208,8 @@ def measure_families(iterations: int) -> list[dict]:
         plan = balance_plan(model, Resources.uniform(1), n_data=n, grid=(1, 1))
         res = optimize(data, model, plan=plan, executor="multiprocessing", max_iter=iterations, tol=0.0)
         measured = res.worker_peak_bytes["w0"]
-        held = measured - facts.group_data.sum() * n - 2.0 * (facts.param.sum() + facts.stat.sum())
-        model_w = float(facts.work.sum())
+        held = measured - facts.group_data.sum() * n - fixed_bytes(facts.param.sum(), facts.stat.sum())
+        model_w = block_bytes_per_row(tree_costs(model))
         real = held / b
         rows.append({"family": name, "block_rows": b, "model_work_bytes_per_row": model_w,
                      "measured_work_bytes_per_row": real, "ratio": real / model_w})
@@ -222,8 +224,8 @@ def markdown(rows: list[dict], families: list[dict], meta: dict) -> str:
              f"`python bench/memory.py` ({meta['executor']}, {meta['iterations']} iterations per fit, "
              f"{meta['date']}, {meta['machine']}).", "",
              "Predicted: the plan's `per_worker[i].memory_bytes` = data (the worker's rows of its columns) + "
-             "work (one block of working arrays, `work_bytes_per_row` x block rows, plus exchanged log "
-             "densities) + 2 x (parameters + statistics). Measured: the worker's peak RSS above its "
+             "work (one block of working arrays: block rows x (the kept bytes of the nodes it evaluates + their largest scratch), plus exchanged log "
+             "densities) + 3 x (parameters + statistics): the model, the statistics, one more of either in transit. Measured: the worker's peak RSS above its "
              "baseline (after imports and a 4-row warm-up E-step, before it maps its rows). MiB.", "",
              "| model | grid | worker | rows | data | work | params+stats | **predicted** | **measured** | "
              "measured/predicted | within 25% | measured - data |",
@@ -238,9 +240,9 @@ def markdown(rows: list[dict], families: list[dict], meta: dict) -> str:
               f"{min(r['ratio'] for r in rows):.2f} to {max(r['ratio'] for r in rows):.2f}." if rows else ""]
     if families:
         lines += ["", "## Working bytes per row, by family", "",
-                  "One worker, two blocks of rows; measured = (peak - data - 2 x (params + stats)) / block "
-                  "rows, against the sum of the nodes' `work_bytes_per_row` (what the plan multiplies by "
-                  "the block rows). A ratio below 1: the plan over-predicts the working arrays.", "",
+                  "One worker, two blocks of rows; measured = (peak - data - 3 x (params + stats)) / block "
+                  "rows, against `block_bytes_per_row` (the nodes' kept bytes plus the largest scratch; "
+                  "what the plan multiplies by the block rows). A ratio below 1: the plan over-predicts the working arrays.", "",
                   "| model | block rows | model's bytes/row | measured bytes/row | measured/model |",
                   "|---|---:|---:|---:|---:|"]
         for f in families:

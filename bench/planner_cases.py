@@ -16,7 +16,7 @@ import numpy as np
 from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
 from models.base import Node
 from planner import Network, Resources, Worker
-from planner.costing import evaluate, leaf_bytes, model_facts
+from planner.costing import WORKER_BASE_BYTES, evaluate, leaf_bytes, model_facts
 
 MPI = Network(latency_s=10e-6, bytes_per_s=5e9)
 ETHERNET = Network(latency_s=50e-6, bytes_per_s=1e9)
@@ -70,9 +70,8 @@ class Case:
     def build(self, model: Node) -> Resources:
         """The resources. "Tight" memory: with ``tight_replicas`` replicas (a quarter of the
         workers by default), ``tight_fraction`` (40%) of what one worker needs for the whole
-        model, and at least
-        1.5 times the hungriest leaf's own need, so that splitting the model (or giving up
-        replicas) is forced."""
+        model beyond every worker's fixed base, and at least 1.5 times the hungriest leaf's
+        own need, so that splitting the model (or giving up replicas) is forced."""
         mem = None
         if self.memory == "tight":
             facts = model_facts(model)
@@ -80,7 +79,7 @@ class Case:
             need = evaluate(facts, Resources.uniform(1), rows, np.zeros(facts.n_leaves, dtype=np.int64),
                             [[0]]).loads[0].memory_bytes
             leaf = float(leaf_bytes(facts, rows, min(rows, facts.block_rows)).max())
-            mem = max(1, int(max(self.tight_fraction * need, 1.5 * leaf)))
+            mem = WORKER_BASE_BYTES + max(1, int(max(self.tight_fraction * (need - WORKER_BASE_BYTES), 1.5 * leaf)))
         workers = []
         for i in range(self.workers):
             fast = self.speeds == "mixed" and i % 2 == 0

@@ -290,7 +290,7 @@ def report(out: dict) -> str:
         lines.append(f"| {name} | {r['grid']} | {r['iteration_s']:.4f} | {r['speedup']:.2f}x | {r['predicted_s']:.4f} "
                      f"| {ratio(r)} | {r['trace_rel_diff']:.1e} |")
     implied = [r["implied_flops_per_s"] for r in sp["runs"].values()]
-    lines += ["", f"FLOP rate at which the predicted compute term equals the measured compute phase, per run: "
+    lines += ["", "FLOP rate at which the predicted compute term equals the measured compute phase, per run: "
               + ", ".join(f"{x:.3g}" for x in implied) + " FLOP/s."]
     mp = out["model_parallel"]
     lines += ["", f"## 2. Model parallel: {mp['model']}, N={mp['n']}", "",

@@ -31,6 +31,8 @@ PICKLE_ENTRY_OVERHEAD = 24
 PICKLE_SCALAR = 9
 #: Bytes one owned-root log density puts on the wire per row of that node.
 COUPLING_BYTES = 8
+#: A block's row weights (one float64 per root row), charged to the root's kept bytes.
+ROW_WEIGHT_BYTES = 8
 
 
 class NodeCost(BaseModel):
@@ -117,6 +119,8 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
         batch = batch_memory(node)
         if batch is not None:
             work, scratch = work + batch[0], max(scratch, batch[1])
+        if not path:
+            work += ROW_WEIGHT_BYTES
         out.append(
             PlacedCost(
                 path=path,

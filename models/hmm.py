@@ -185,5 +185,5 @@ class HMM(Internal):
         per_row = (6 + k) * SLOW_FLOPS + 5
         return NodeCost(flops_per_row=per_pos * L + per_row, param_bytes=8 * (k * k + k + 1),
                         stat_bytes=stat_bytes(arrays=[k, k * k], scalars=2), data_bytes_per_row=8.0,
-                        coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(16.0 * k + 16) * L,
+                        coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(16.0 * k + 16) * L + 8,
                         scratch_bytes_per_row=(24.0 * k + 16) * L)

@@ -119,7 +119,8 @@ class Sequence(Internal):
 
         L = float(self.mean_length)
         # per position: the running sum of segment_sum, its copy, the weights repeated;
-        # per row: two gathers at the offsets, lengths, a difference, a sum, one dot
+        # per row: two gathers at the offsets, lengths, a difference, a sum, one dot. Kept: the
+        # per-position log densities and the block's rebased offsets.
         flops = L * (SCAN_FLOPS + 3) + 2 * SLOW_FLOPS + 4 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
-                        data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=8.0 * L + 8)
+                        data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=8.0 * L + 16)

@@ -40,7 +40,7 @@ import numpy as np
 
 from models.cost import ceil_log2
 
-from .costing import ModelFacts
+from .costing import WORKER_BASE_BYTES, ModelFacts, fixed_bytes
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
@@ -55,7 +55,7 @@ class Bounds:
         self.n_data = n_data
         self.tf, self.ts, self.tp = (float(x.sum()) for x in (facts.flops, facts.stat, facts.param))
         self.chain_f, self.chain_s, self.chain_p = (_chain(facts, x) for x in (facts.flops, facts.stat, facts.param))
-        fixed = 2.0 * (facts.param + facts.stat)
+        fixed = fixed_bytes(facts.param, facts.stat)
         zeros = np.zeros(facts.n_nodes)
         pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
         splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work, zeros])
@@ -117,7 +117,7 @@ class Bounds:
     # ------------------------------------------------------------ memory
     def replica_need(self, rows: int, m: int = 1) -> float:
         b = min(rows, self.block)
-        out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b
+        out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b + m * WORKER_BASE_BYTES
         if m > 1:
             out += (m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b) + m * b * float(self.c_min[m])
         return out
@@ -127,7 +127,7 @@ class Bounds:
         the split nodes' least: some worker holds the first, every worker the second."""
         b = min(rows, self.block)
         need = self.leaf_fixed + self.leaf_data * rows + self.leaf_work * b
-        out = float(need.min() if least else need.max())
+        out = float(need.min() if least else need.max()) + WORKER_BASE_BYTES
         if m > 1:
             out += self._sf("fixed", m) + self._sf("work", m) * b + b * float(self.c_min[m])
         return out

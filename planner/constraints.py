@@ -17,6 +17,7 @@ from ortools.sat.python import cp_model
 
 from models.cost import ceil_log2
 
+from .costing import WORKER_BASE_BYTES, fixed_bytes
 from .scaling import Scale
 from .units import UnitTree, unit_order, unit_signature
 from .variables import ShardVars
@@ -230,12 +231,12 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
             column_terms.append((float(ut.group_data[g]), lits))
         for n, limit in pairs:
             b = min(n, inst.block_rows)
-            cap = sc.bytes_limit(limit)
+            cap = max(-1, sc.bytes_limit(limit - WORKER_BASE_BYTES))  # -1: nothing fits
             couple = np.array([sc.bytes_up(b * c) for c in coef]) if inst.m > 1 else np.zeros(0, dtype=np.int64)
             top = cap + 1 - int(couple[couple < 0].sum())  # a larger coefficient forbids its variable just the same
 
             def need(cost):
-                return cost["work"] * b + 2.0 * (cost["param"] + cost["stat"])
+                return cost["work"] * b + fixed_bytes(cost["param"], cost["stat"])
 
             uc = np.array([min(top, sc.bytes_up(x)) for x in need(ut.unit_cost)])
             ic = np.array([min(top, sc.bytes_up(x)) for x in need(ut.internal_cost)])

@@ -40,12 +40,12 @@ The total is the sum of the four terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
-    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] C * b_r + 2 * (P_s + S_s)
+    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] C * b_r + 3 * (P_s + S_s) + A
 
 its rows of data (the leaves' columns and the split nodes' offsets), one block of working
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
-largest scratch), one block of exchanged log densities, and current plus new parameters and
-statistics. A worker whose memory is unknown (``None``) is unconstrained; a plan using one
+largest scratch), one block of exchanged log densities, and three copies of its parameters
+and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`). A worker whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
 """
 
@@ -66,6 +66,24 @@ from models.engine import block_rows
 
 from .plan import Breakdown, WorkerLoad
 from .resources import Resources
+
+
+#: Copies of a worker's parameters and statistics at its peak: the model it evaluates, the
+#: statistics it folds, and one more of either in transit (statistics pickled for the
+#: reduce, the next model arriving with its pickle). A categorical mixture whose tables
+#: dominate measured 2.7 copies (``bench/memory.py``).
+PARAM_STAT_COPIES = 3.0
+
+
+#: What a fitting worker holds above its baseline that grows with nothing above: heap
+#: fragmentation of the allocator, messages in flight, Python objects. Measured: 0-4 MiB
+#: (median 0.9 MiB) above the rest of the formula (``bench/memory.py``).
+WORKER_BASE_BYTES = 2**20
+
+
+def fixed_bytes(param, stat):
+    """A worker's bytes for parameters and statistics (``PARAM_STAT_COPIES`` copies)."""
+    return PARAM_STAT_COPIES * (param + stat)
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,9 +292,9 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
 
 def leaf_bytes(facts: ModelFacts, rows: int, block: int) -> np.ndarray:
     """Every leaf's own share of a worker's memory with ``rows`` rows (blocks of ``block``):
-    parameters and statistics twice, its data, its working arrays."""
+    its parameters and statistics, its data, its working arrays."""
     lv = facts.leaf_nodes
-    return (2.0 * (facts.param + facts.stat)[lv] + facts.data[lv] * rows
+    return (fixed_bytes(facts.param, facts.stat)[lv] + facts.data[lv] * rows
             + (facts.work + facts.scratch)[lv] * block)
 
 
@@ -358,7 +376,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     flops = rows_f[:, None] * sums.flops[None, :]
     seconds = flops / speed
     memory = (sums.data[None, :] * rows_f[:, None] + (sums.work + sums.scratch + couple)[None, :] * block[:, None]
-              + 2.0 * (sums.param + sums.stat)[None, :])
+              + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
     limit = memories[grid]
     known = np.isfinite(limit)
     if np.any(np.ceil(memory[known]) > limit[known]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .costing import leaf_bytes
+from .costing import fixed_bytes, leaf_bytes
 from .plan import BalancePlan
 
 
@@ -116,7 +116,7 @@ def grid_rationale(plan: BalancePlan, facts, resources, best_by_m: dict[int, flo
             other = f"{span} cannot hold a replica in memory; {other}"
         if other is None:
             largest = max((w.memory_bytes for w in resources.workers if w.memory_bytes is not None), default=None)
-            need = 2 * (facts.param.sum() + facts.stat.sum())
+            need = fixed_bytes(facts.param.sum(), facts.stat.sum())
             parts.append(f"M={m} forced by memory: no plan with fewer shards fits (parameters and statistics "
                          f"alone need {fmt_bytes(need)} per replica; the largest worker has {fmt_bytes(largest)})")
         elif d == n and n * m < p:
@@ -160,7 +160,7 @@ def infeasible_message(facts, resources, n_data: int, grid, bounds) -> str:
     v = int(lv[k])
     if need[k] > largest:
         return (f"leaf {facts.paths[v] or '<root>'} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
-                f"statistics twice {fmt_bytes(2 * (facts.param[v] + facts.stat[v]))}, {rows} row(s) of data "
+                f"statistics {fmt_bytes(fixed_bytes(facts.param[v], facts.stat[v]))}, {rows} row(s) of data "
                 f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes((facts.work[v] + facts.scratch[v]) * block)}); the largest "
                 f"worker has {fmt_bytes(largest)}: add memory, or more workers to spread the rows")
 
@@ -173,7 +173,7 @@ def infeasible_message(facts, resources, n_data: int, grid, bounds) -> str:
     r = -(-n_data // d)
     cap = bounds.mem_prefix[min(m, len(bounds.mem_prefix) - 1)]
     b = min(r, facts.block_rows)
-    head = (f"one replica of {r} row(s) needs at least {fmt_bytes(bounds.replica_need(r, m))} (parameters and statistics twice "
+    head = (f"one replica of {r} row(s) needs at least {fmt_bytes(bounds.replica_need(r, m))} (parameters and statistics "
             f"{fmt_bytes(bounds.fixed)}, data {fmt_bytes(bounds.data_row * r)}, working arrays "
             f"{fmt_bytes(bounds.work_row * b)})")
     if ratio((d, m)) > 1:

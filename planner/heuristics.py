@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costing import ModelFacts, worker_arrays
+from .costing import WORKER_BASE_BYTES, ModelFacts, fixed_bytes, worker_arrays
 from .resources import Resources
 from .units import UnitTree
 
@@ -52,7 +52,7 @@ class Packing:
         c = ut.unit_cost
         self.ut = ut
         self.cols = cols
-        self.base = c["work"][:, None] * cols.block_hi[None, :] + 2.0 * (c["param"] + c["stat"])[:, None]
+        self.base = c["work"][:, None] * cols.block_hi[None, :] + fixed_bytes(c["param"], c["stat"])[:, None]
         self.scratch = c["scratch"][:, None] * cols.block_hi[None, :]
         self.group_bytes = ut.group_data[:, None] * cols.rows_hi[None, :]
         self.touched = np.zeros((len(ut.group_data), cols.m), dtype=bool)
@@ -83,7 +83,7 @@ def columns(facts: ModelFacts, resources: Resources, grid, rows) -> Columns:
     rows_f = np.asarray(rows, dtype=np.float64)[:, None]
     hi = np.broadcast_to(rows_f, g.shape).max(axis=0)
     return Columns(a=(rows_f / speed).max(axis=0), rows_hi=hi, block_hi=np.minimum(hi, float(facts.block_rows)),
-                   cap=mem.min(axis=0))
+                   cap=mem.min(axis=0) - WORKER_BASE_BYTES)
 
 
 def _fix_empty(unit_shard: np.ndarray, weights: np.ndarray, m: int) -> np.ndarray:

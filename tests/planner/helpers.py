@@ -6,7 +6,7 @@ import numpy as np
 
 from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
 from planner import Network, Resources, SolverConfig, Worker
-from planner.costing import evaluate, model_facts
+from planner.costing import WORKER_BASE_BYTES, evaluate, model_facts
 
 #: CP-SAT settings of every test: fixed seed, two search workers, short limit.
 SOLVER = SolverConfig(seed=0, num_workers=2, time_limit_s=20.0)
@@ -60,3 +60,9 @@ def whole_model_memory(model, n_rows: int) -> int:
     facts = model_facts(model)
     return evaluate(facts, Resources.uniform(1), n_rows, np.zeros(facts.n_leaves, dtype=np.int64),
                     [[0]]).loads[0].memory_bytes
+
+
+def memory_share(model, n_rows: int, fraction: float) -> int:
+    """A worker memory holding ``fraction`` of what the whole model and ``n_rows`` rows need
+    beyond the fixed base every worker has (``WORKER_BASE_BYTES``)."""
+    return WORKER_BASE_BYTES + max(1, int(fraction * (whole_model_memory(model, n_rows) - WORKER_BASE_BYTES)))

@@ -19,7 +19,7 @@ from models import Composite, Gaussian, Mixture, Poisson, Sequence
 from planner import InfeasiblePlanError, Network, Resources, Worker, balance_plan, validate_plan
 from planner.costing import model_facts
 from tests.planner.brute import brute_force
-from tests.planner.helpers import SOLVER, dg, fg, probs, uniform, whole_model_memory
+from tests.planner.helpers import SOLVER, dg, fg, probs, uniform, memory_share
 from tests.strategies import models
 
 REL = 1e-6
@@ -42,9 +42,9 @@ def check_against_brute_force(model, res, n):
     return plan
 
 
-def random_resources(rng: random.Random, p: int, mixed: bool, tight: bool, need: int) -> Resources:
+def random_resources(rng: random.Random, p: int, mixed: bool, tight: bool, model, n: int) -> Resources:
     speeds = [rng.choice([1e6, 2e6, 4e6]) if mixed else 2e6 for _ in range(p)]
-    mems = [max(1, int(need * rng.uniform(0.25, 1.2))) if tight else None for _ in range(p)]
+    mems = [memory_share(model, n, rng.uniform(0.25, 1.2)) if tight else None for _ in range(p)]
     net = Network(latency_s=rng.choice([1e-9, 1e-7, 1e-6]), bytes_per_s=rng.choice([1e8, 1e10]))
     return Resources(workers=tuple(Worker(name=f"w{i}", flops_per_s=s, memory_bytes=m)
                                    for i, (s, m) in enumerate(zip(speeds, mems))), network=net)
@@ -56,7 +56,7 @@ def random_resources(rng: random.Random, p: int, mixed: bool, tight: bool, need:
 def test_random_small_instances_match_exhaustive_search(model, p, n, seed, mixed, tight):
     assume(2 <= model_facts(model).n_leaves <= 5)
     rng = random.Random(seed)
-    res = random_resources(rng, p, mixed, tight, whole_model_memory(model, n))
+    res = random_resources(rng, p, mixed, tight, model, n)
     check_against_brute_force(model, res, n)
 
 
@@ -72,8 +72,7 @@ def test_seven_leaves_three_workers_mixed():
 
 def test_six_leaves_eight_workers_tight_memory():
     model = Composite([Mixture([fg(8), fg(8), dg(8), dg(8)], probs(4)), Sequence(Poisson(2.0), 8.0), Gaussian(0, 1)])
-    need = whole_model_memory(model, 5)  # 40 rows over 8 replicas
-    res = uniform(8, memory=int(0.9 * need), flops=2e6, network=Network(latency_s=1e-8, bytes_per_s=1e10))
+    res = uniform(8, memory=memory_share(model, 5, 0.9), flops=2e6, network=Network(latency_s=1e-8, bytes_per_s=1e10))
     plan = check_against_brute_force(model, res, 40)
     assert plan.model_parallel > 1 and plan.fits is True
 

@@ -13,7 +13,7 @@ from planner import (InfeasiblePlanError, PlanError, Resources, SolverConfig, ba
                      validate_plan)
 from planner.costing import model_facts
 from tests.planner.helpers import (FAST_NET, SOLVER, dg, fg, heavy_mixture, mixed, nest, probs, uniform,
-                                   whole_model_memory)
+                                   memory_share)
 
 
 def plan_and_check(model, res, n, **kw):
@@ -36,7 +36,7 @@ def test_model_too_big_for_one_worker_gets_m_from_memory_and_d_fills_the_rest():
     # shared column, whose copy every shard needs anyway)
     model = Mixture([Categorical(probs(200_000)) for _ in range(16)], probs(16))
     n, p = 10**5, 16
-    mem = int(0.6 * whole_model_memory(model, n // p))
+    mem = memory_share(model, n // p, 0.6)
     res = uniform(p, memory=mem)
     plan = plan_and_check(model, res, n)
     assert plan.model_parallel > 1 and plan.fits is True
