@@ -3,7 +3,7 @@
 For every family, one model of that family (its children where it has some) is timed on
 sampled data through ``models.engine.e_step`` (the upward and downward passes over row
 blocks, statistics folded) and compared with the analytic ``flops_per_row`` of the planner
-(``models.tree_costs`` summed over the tree). Each family's *implied rate* is predicted
+(``planner.costing.model_facts``: the nodes' FLOPs per row and their per-block visits). Each family's *implied rate* is predicted
 FLOPs per row over measured seconds per row; one global rate is fitted to them all (the
 geometric mean, which minimizes the squared log error of the predicted times).
 
@@ -48,10 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian,  # noqa: E402
-                    Gaussian, Mixture, Poisson, Sequence, tree_costs)
+                    Gaussian, Mixture, Poisson, Sequence)
 from models import engine  # noqa: E402
 from models.data import n_rows  # noqa: E402
 from models.engine import e_step  # noqa: E402
+from planner.costing import block_counts, model_facts  # noqa: E402
 
 #: Largest accepted max / min of the per-family implied rates.
 MAX_SPREAD = 3.0
@@ -76,6 +77,7 @@ def families(seed: int = 0) -> dict:
         "Poisson": Poisson(4.0),
         "Exponential": Exponential(1.5),
         "Mixture": Mixture([diag() for _ in range(8)], np.full(8, 1 / 8)),
+        "Mixture (full)": Mixture([FullGaussian(rng.normal(0, 1, d), cov) for _ in range(4)], np.full(4, 1 / 4)),
         "Composite": Composite([Gaussian(0.0, 1.0), Categorical(rng.dirichlet(np.ones(50))), Poisson(3.0),
                                 Exponential(2.0)]),
         "Sequence": Sequence(Gaussian(1.0, 2.0), 20.0),
@@ -84,8 +86,12 @@ def families(seed: int = 0) -> dict:
     }
 
 
-def flops_per_row(model) -> float:
-    return sum(c.flops_per_row for c in tree_costs(model))
+def flops_per_row(model, n: int) -> float:
+    """What the planner charges one worker per row for an E-step over ``n`` rows: the
+    nodes' FLOPs per row and their visits of every block (``planner.costing.price``)."""
+    facts = model_facts(model)
+    visits = float(block_counts(n, facts.block_rows)) * float(facts.calls.sum()) * engine.NODE_CALL_FLOPS
+    return float(facts.flops.sum()) + visits / n
 
 
 def timed(model, data) -> float:
@@ -140,7 +146,7 @@ def main(argv=None) -> int:
     for name, m in models.items():
         n = n_rows(data[name])
         spr = best[name] / n
-        fl = flops_per_row(m)
+        fl = flops_per_row(m, n)
         rows[name] = {"rows": n, "seconds_per_row": spr, "flops_per_row": fl, "flops_per_s": fl / spr,
                       "description": m.describe()}
     rates = np.array([r["flops_per_s"] for r in rows.values()])

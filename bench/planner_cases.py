@@ -17,8 +17,9 @@ from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaus
 from models.base import Node
 from planner import Network, Resources, Worker
 from planner.costing import WORKER_BASE_BYTES, evaluate, leaf_bytes, model_facts
+from planner.resources import SHARED_MEMORY_MPI
 
-MPI = Network(latency_s=10e-6, bytes_per_s=5e9)
+MPI = SHARED_MEMORY_MPI  # ranks of one machine
 ETHERNET = Network(latency_s=50e-6, bytes_per_s=1e9)
 
 

@@ -54,14 +54,12 @@ from executors import NpyDataset, optimize  # noqa: E402
 from models import Composite, FullGaussian, Gaussian, Mixture  # noqa: E402
 from planner import Network, Resources, plan_from_assignment  # noqa: E402
 from planner.plan import BalancePlan  # noqa: E402
-from planner.resources import DEFAULT_FLOPS_PER_S  # noqa: E402
+from planner.resources import DEFAULT_FLOPS_PER_S, PIPES, SHARED_MEMORY_MPI  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
-#: Networks the plans are priced with: pipes between processes, and MPI's shared memory
-#: (``Resources.local`` and ``Resources.from_mpi`` use the same figures).
-PIPES = Network(latency_s=200e-6, bytes_per_s=4e9)
-SHARED_MEMORY = Network(latency_s=10e-6, bytes_per_s=5e9)
+#: Networks the plans are priced with: those of ``Resources.local`` and ``Resources.from_mpi``.
+SHARED_MEMORY = SHARED_MEMORY_MPI
 
 
 # ---------------------------------------------------------------- models and data

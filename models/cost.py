@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -55,6 +55,9 @@ class NodeCost(BaseModel):
     coupling_bytes_per_row: float
     work_bytes_per_row: float
     scratch_bytes_per_row: float = 0.0
+    #: Python-level passes one block costs the node, each ``engine.NODE_CALL_FLOPS`` of
+    #: interpreter work whatever the block's rows (an HMM loops over its time steps).
+    calls_per_block: float = 1.0
 
 
 def stat_bytes(*, arrays: list[int] = (), scalars: int = 0) -> int:
@@ -82,23 +85,37 @@ class PlacedCost:
     data_bytes_per_row: float  # per root row
     work_bytes_per_row: float  # per root row, kept through the block's passes (they add)
     scratch_bytes_per_row: float  # per root row, while the node computes (the largest counts)
+    calls_per_block: float  # per block, whatever its rows
     owned_root_coupling_bytes_per_row: float  # shipped per root row when this node is an owned root
 
 
-def batch_memory(node: "Node") -> tuple[float, float] | None:
-    """``(kept, scratch)`` bytes per row of the node's own rows when its children run as
-    one batched kernel that builds a shared block, else None. The block is charged to the
-    parent; the children then have no scratch of their own, and where the parent adds its
-    per-child log offsets in the kernel (a mixture), the kernel's output becomes the
-    parent's own responsibilities, so the children keep no log densities either."""
+class BatchCost(NamedTuple):
+    """Per row of the children's data, what one batched kernel over sibling leaves costs:
+    the shared block (built once: its FLOPs, its bytes kept through both passes), each
+    component's FLOPs, and the kernel's scratch."""
+
+    block_flops: float
+    component_flops: float
+    kept_bytes: float
+    scratch_bytes: float
+
+
+def batch_cost(node: "Node") -> BatchCost | None:
+    """The batched kernel of ``node``'s children, per row of the node's own rows, when they
+    run as one kernel that builds a shared block (``Leaf._batch_cost``), else None.
+
+    The block is charged to the parent and each child's FLOPs are its component share; the
+    children have no scratch of their own, and where the parent adds its per-child log
+    offsets in the kernel (a mixture), the kernel's output becomes the parent's own
+    responsibilities, so the children keep no log densities either."""
     from .base import batch_class
 
     cls = batch_class(node)
-    if cls is None or getattr(cls, "_batch_memory", None) is None:
+    if cls is None or getattr(cls, "_batch_cost", None) is None:
         return None
-    kept, scratch = cls._batch_memory(node.children)
+    b = cls._batch_cost(node.children)
     rows = node.child_rows(0)  # the children's rows per row of the node (an HMM's positions)
-    return kept * rows, scratch * rows
+    return BatchCost(*(x * rows for x in b))
 
 
 def block_bytes_per_row(costs: list[PlacedCost]) -> float:
@@ -111,14 +128,15 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
     """Every node's cost per root row, in pre-order."""
     out: list[PlacedCost] = []
 
-    def walk(node, path, mult, batched=None):
+    def walk(node, path, mult, batched: BatchCost | None = None, shifted=False):
         c = node.cost()
-        work, scratch = c.work_bytes_per_row, c.scratch_bytes_per_row
-        if batched is not None:  # "kept": the parent keeps the kernel's output as its own
-            work, scratch = (0.0 if batched == "kept" else work), 0.0
-        batch = batch_memory(node)
+        flops, work, scratch = c.flops_per_row, c.work_bytes_per_row, c.scratch_bytes_per_row
+        if batched is not None:  # per row of this node: the parent's rows times child_rows
+            flops, work, scratch = batched.component_flops, (0.0 if shifted else work), 0.0
+        batch = batch_cost(node)
         if batch is not None:
-            work, scratch = work + batch[0], max(scratch, batch[1])
+            flops += batch.block_flops
+            work, scratch = work + batch.kept_bytes, max(scratch, batch.scratch_bytes)
         if not path:
             work += ROW_WEIGHT_BYTES
         out.append(
@@ -127,23 +145,24 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 family=node.family,
                 description=node.describe(),
                 is_leaf=node.is_leaf,
-                batch_bytes_per_row=(sum(batch) if batch else 0.0) * mult,
+                batch_bytes_per_row=(batch.kept_bytes + batch.scratch_bytes if batch else 0.0) * mult,
                 rows_per_root_row=mult,
-                flops_per_row=c.flops_per_row * mult,
+                flops_per_row=flops * mult,
                 param_bytes=c.param_bytes,
                 stat_bytes=c.stat_bytes,
                 data_bytes_per_row=c.data_bytes_per_row * mult,
                 work_bytes_per_row=work * mult,
                 scratch_bytes_per_row=scratch * mult,
+                calls_per_block=c.calls_per_block,
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )
         from .base import child_path
 
         for i, ch in enumerate(node.children):
-            shifted = getattr(node, "_child_log_offsets", None) is not None
-            walk(ch, child_path(path, i), mult * node.child_rows(i),
-                 None if batch is None else ("kept" if shifted else "own"))
+            child = None if batch is None else type(node.children[0])._batch_cost(node.children)
+            walk(ch, child_path(path, i), mult * node.child_rows(i), child,
+                 getattr(node, "_child_log_offsets", None) is not None)
 
     walk(model, "", 1.0)
     return out

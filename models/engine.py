@@ -45,6 +45,15 @@ SLOW_FLOPS = 3.2
 SCAN_FLOPS = 10.0
 #: per row gathered from or scattered to scattered positions (a cache miss).
 ROW_ACCESS_FLOPS = 100.0
+# Work that does not grow with rows, in the same unit (so it scales with a worker's speed):
+#: one Python-level visit of a node in one block's passes (``NodeCost.calls_per_block``):
+#: 15-33 us per node per block on the reference machine, 25 us typical;
+NODE_CALL_FLOPS = 70_000.0
+#: one node's M-step (``estimate``): 11-28 us per node, 20 us typical;
+ESTIMATE_FLOPS = 56_000.0
+#: the EM loop's own work per iteration beyond the phases it times (the convergence test,
+#: the result's bookkeeping, the callback): about 120 us.
+ITERATION_FLOPS = 340_000.0
 #: Working-array budget of any one leaf (or batched kernel's shared block) per block: its
 #: passes over its ``(rows, d)`` temporaries then run from cache (a lone DiagGaussian or
 #: FullGaussian of dimension 16 ran 1.3x and 1.6x faster per row at 16,384 rows than at

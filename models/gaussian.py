@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .base import Leaf, as_float_array, check_positive, float_column, spec_field
-from .cost import NodeCost, stat_bytes
+from .cost import BatchCost, NodeCost, stat_bytes
 from .data import Ragged
 from .engine import MATMUL_FLOPS, SLOW_FLOPS
 from .errors import DataError, ModelError
@@ -48,11 +48,11 @@ EXPANDED_MAX_ERROR = 1e-9
 #: Largest dimension for which ``FullGaussian``'s batched kernels build the quadratic
 #: feature block (``8 * d(d+1)/2`` bytes per row); above it they work per component.
 FEATURE_MAX_DIM = 32
-#: Share of the feature block (built once for all siblings) the cost model charges each
-#: component: a quarter, as among four siblings. A lone leaf does the unshared work and
-#: runs about twice as long per row as its count predicts; a mixture of many components
-#: runs faster per component.
-SHARED_BLOCK_SHARE = 0.25
+#: A lone leaf's work relative to the batched kernels': its own component's share plus this
+#: fraction of the feature block the batch builds once for all siblings (the lone kernels
+#: skip the products they do not need: a lone DiagGaussian and FullGaussian of dimension 16
+#: ran at 0.44 and 0.55 of the block beyond their own share).
+LONE_BLOCK_SHARE = 0.5
 
 #: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
 #: go with the model): ``{leaves[0]: (weak references to the leaves, value)}``.
@@ -327,10 +327,14 @@ class DiagGaussian(Leaf):
         return _stacked(leaves, build)
 
     @classmethod
-    def _batch_memory(cls, leaves) -> tuple[float, float]:
-        """Bytes per row of the batched kernels: the feature block, kept through both passes,
-        and no scratch beyond the parent's."""
-        return 8.0 * (2 * leaves[0].dim + 1), 0.0
+    def _batch_cost(cls, leaves) -> BatchCost:
+        """The batched kernels per row: the feature block (x transposed, centred, squared, the
+        ones row, the bound's sum of squares), built once and kept through both passes; each
+        component's rows of ``P @ F`` and ``W @ F'`` (``2 (2d + 1)`` FLOPs each); no scratch
+        beyond the parent's."""
+        d = leaves[0].dim
+        return BatchCost(block_flops=d * SLOW_FLOPS + 3 * d + 1, component_flops=(8.0 * d + 4) * MATMUL_FLOPS,
+                         kept_bytes=8.0 * (2 * d + 1), scratch_bytes=0.0)
 
     @classmethod
     def _batch_prepare(cls, leaves, x):
@@ -388,11 +392,8 @@ class DiagGaussian(Leaf):
 
     def cost(self):
         d = self.dim
-        # the batched kernels: this component's rows of P @ F and W @ F' (2 (2d + 1) FLOPs
-        # each), and its share of the feature block (x transposed, centred, squared, the ones
-        # row, the bound's sum of squares)
-        block = d * SLOW_FLOPS + 3 * d + 1
-        return NodeCost(flops_per_row=(8.0 * d + 4) * MATMUL_FLOPS + SHARED_BLOCK_SHARE * block, param_bytes=16 * d,
+        b = self._batch_cost((self,))  # alone: see LONE_BLOCK_SHARE
+        return NodeCost(flops_per_row=b.component_flops + LONE_BLOCK_SHARE * b.block_flops, param_bytes=16 * d,
                         stat_bytes=stat_bytes(arrays=[d, d], scalars=1), data_bytes_per_row=8.0 * d,
                         coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=8.0 * d)
@@ -568,27 +569,25 @@ class FullGaussian(Leaf):
 
     def cost(self):
         d = self.dim
-        if d <= FEATURE_MAX_DIM:
-            # this component's rows of P @ F and F @ W' (2 nf FLOPs each) and of W', and its
-            # share of the block (x transposed and centred, ones, products xc_i xc_j, bound)
-            nf = d + 1 + d * (d + 1) // 2
-            own = 4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS
-            block = d * SLOW_FLOPS + nf + 2 * d
-        else:
-            # whitened products (2 d (d + 1)), squares and sums; weighted moments (2 d^2 + 2 d)
-            own = (4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d
-            block = d * SLOW_FLOPS + 1
-        # alone: the centred rows and their whitened copy (batched: see _batch_memory)
-        return NodeCost(flops_per_row=own + SHARED_BLOCK_SHARE * block, param_bytes=8 * d + 8 * d * d,
-                        stat_bytes=stat_bytes(arrays=[d, d * d], scalars=1), data_bytes_per_row=8.0 * d,
-                        coupling_bytes_per_row=0.0, work_bytes_per_row=8.0, scratch_bytes_per_row=16.0 * d)
+        b = self._batch_cost((self,))  # alone: see LONE_BLOCK_SHARE; its temporaries: the
+        # centred rows and their whitened copy
+        return NodeCost(flops_per_row=b.component_flops + LONE_BLOCK_SHARE * b.block_flops,
+                        param_bytes=8 * d + 8 * d * d, stat_bytes=stat_bytes(arrays=[d, d * d], scalars=1),
+                        data_bytes_per_row=8.0 * d, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
+                        scratch_bytes_per_row=16.0 * d)
 
     @classmethod
-    def _batch_memory(cls, leaves) -> tuple[float, float]:
-        """Bytes per row of the batched kernels: the feature block kept through both passes,
-        and the scratch of folding (``W'`` copied; above ``FEATURE_MAX_DIM``, one weighted
-        copy of the centred rows)."""
+    def _batch_cost(cls, leaves) -> BatchCost:
+        """The batched kernels per row. Up to ``FEATURE_MAX_DIM``: the feature block (x
+        transposed and centred, ones, products ``xc_i xc_j``, the bound) built once and kept
+        through both passes; each component's rows of ``P @ F`` and ``F @ W'`` (``2 nf``
+        FLOPs each) and of ``W'``, whose copy is the folding's scratch. Above: the centred
+        rows kept; per component the whitened products (``2 d (d + 1)``), squares and sums
+        and the weighted moments (``2 d^2 + 2 d``), one weighted copy of the rows as scratch."""
         d, k = leaves[0].dim, len(leaves)
         if d <= FEATURE_MAX_DIM:
-            return 8.0 * (d + 1 + d * (d + 1) // 2), 8.0 * k
-        return 8.0 * (d + 1), 8.0 * d
+            nf = d + 1 + d * (d + 1) // 2
+            return BatchCost(block_flops=d * SLOW_FLOPS + nf + 2 * d, component_flops=4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS,
+                             kept_bytes=8.0 * nf, scratch_bytes=8.0 * k)
+        return BatchCost(block_flops=d * SLOW_FLOPS + 1, component_flops=(4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d,
+                         kept_bytes=8.0 * (d + 1), scratch_bytes=8.0 * d)

@@ -40,7 +40,9 @@ import numpy as np
 
 from models.cost import ceil_log2
 
-from .costing import WORKER_BASE_BYTES, ModelFacts, fixed_bytes
+from models.engine import NODE_CALL_FLOPS
+
+from .costing import WORKER_BASE_BYTES, ModelFacts, block_counts, fixed_bytes, mstep_s
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
@@ -68,6 +70,8 @@ class Bounds:
         self.lat = resources.network.latency_s
         self.bw = resources.network.bytes_per_s
         self.block = facts.block_rows
+        self.calls = float(facts.calls.sum()) * NODE_CALL_FLOPS
+        self.mstep = mstep_s(facts, resources)
         self.fixed = float(fixed.sum())
         self.data_row = float(facts.group_data.sum())
         self.work_row = float(facts.work.sum() + facts.scratch.max())  # some worker computes the largest scratch
@@ -106,13 +110,15 @@ class Bounds:
         """A bound for every layout of the ``d x m`` grid."""
         n = self.n_data
         rows_max = -(-n // d)
-        compute = max(n * self._work(m) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
-        return compute + self._comm(d, m, rows_max)
+        # every node is visited once per block of every replica, by some shard
+        visits = float(block_counts(n, self.block)) * self.calls
+        compute = max((n * self._work(m) + visits) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
+        return compute + self._comm(d, m, rows_max) + self.mstep
 
     def layout_bound(self, m: int, a: np.ndarray, rows) -> float:
         """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica)."""
         compute = max(self._work(m) / float(np.sum(1.0 / a)), float(a.min()) * self.chain_f)
-        return compute + self._comm(len(rows), m, int(max(rows)))
+        return compute + self._comm(len(rows), m, int(max(rows))) + self.mstep
 
     # ------------------------------------------------------------ memory
     def replica_need(self, rows: int, m: int = 1) -> float:

@@ -17,6 +17,8 @@ from ortools.sat.python import cp_model
 
 from models.cost import ceil_log2
 
+from models.engine import NODE_CALL_FLOPS
+
 from .costing import WORKER_BASE_BYTES, fixed_bytes
 from .scaling import Scale
 from .units import UnitTree, unit_order, unit_signature
@@ -32,6 +34,9 @@ class Instance:
     m: int
     rows: np.ndarray  # per replica
     a: np.ndarray  # per column: max_r rows_r / speed(r, s)
+    #: per column: ``(rows_r / speed(r, s), blocks_r / speed(r, s))`` of every replica whose
+    #: compute time may be the column's largest (no other has both at least as large)
+    compute_pairs: tuple[tuple[tuple[float, float], ...], ...]
     mem_rows: tuple[tuple[tuple[int, int], ...], ...]  # per column: binding (rows_r, memory limit) pairs
     classes: tuple[tuple[int, ...], ...]  # groups of interchangeable columns
     latency_s: float
@@ -127,16 +132,19 @@ def identical_units(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> in
 
 
 def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
-    """``T_c >= K(a_s F_v) e[v][s]`` summed over nodes, for every column ``s``: the busiest
-    worker, whose time is ``rows_r F_s / speed(r, s)`` and ``a_s = max_r rows_r / speed(r, s)``."""
+    """``T_c >= K((rows_r F_v + blocks_r K_v c) / speed(r, s)) e[v][s]`` summed over nodes,
+    for every column ``s`` and every replica ``r`` of its ``compute_pairs``: the busiest
+    worker (``K_v`` the node's visits per block, ``c = NODE_CALL_FLOPS``)."""
     ut, sc = inst.ut, inst.scale
     t = model.new_int_var(0, inst.time_cap, "T_compute")
     top = inst.time_cap + 1  # a larger coefficient forbids its variable just the same
+
+    def coef(cost, x, y):
+        return np.array([min(top, sc.time_down(x * f + y * NODE_CALL_FLOPS * k)) for f, k in zip(cost["flops"], cost["calls"])])
+
     for s in range(inst.m):
-        a = float(inst.a[s])
-        uc = np.array([min(top, sc.time_down(a * f)) for f in ut.unit_cost["flops"]])
-        ic = np.array([min(top, sc.time_down(a * f)) for f in ut.internal_cost["flops"]])
-        model.add(t >= v.evaluated_sum(uc, ic, s))
+        for x, y in inst.compute_pairs[s]:
+            model.add(t >= v.evaluated_sum(coef(ut.unit_cost, x, y), coef(ut.internal_cost, x, y), s))
     return t
 
 

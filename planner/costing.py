@@ -26,7 +26,9 @@ Rows
 Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat`` and
 ``bw`` the network's latency and bytes per second):
 
-- compute   ``max_{r,s} rows_r * F_s / speed(r, s)`` (the busiest worker);
+- compute   ``max_{r,s} (rows_r * F_s + ceil(rows_r / B) * K_s * c) / speed(r, s)`` (the
+  busiest worker), ``K_s`` the shard's node visits per block (``NodeCost.calls_per_block``)
+  and ``c = models.engine.NODE_CALL_FLOPS`` the interpreter work of one;
 - coupling  (``M > 1``) ``max_r [ceil(rows_r / B) * L(M) * lat + rows_r * C * (M-1)/M / bw]``
   with ``C = models.cost.coupling_bytes_per_row``: an allgather of the owned roots' log
   densities among the ``M`` shards of a replica, once per block;
@@ -34,9 +36,12 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
   statistics over the ``D`` replicas;
 - broadcast ``L(D) * (lat + max_s P_s / bw)`` plus, when ``M > 1``,
   ``L(M) * (lat + P_split / bw)``: each shard's new parameters go to its ``D`` workers, and
-  the split nodes' new parameters (estimated once) go to the ``M`` shards.
+  the split nodes' new parameters (estimated once) go to the ``M`` shards;
+- M-step    ``(ITERATION_FLOPS + n_nodes * ESTIMATE_FLOPS) / speed(first worker)``: the
+  coordinator estimates every node and runs the loop (the same for every plan of a model
+  on given resources: it does not change which plan is best, only what it predicts).
 
-The total is the sum of the four terms (the phases are synchronous).
+The total is the sum of the five terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
@@ -62,7 +67,7 @@ import numpy as np
 
 from models.base import Node
 from models.cost import ceil_log2, tree_costs
-from models.engine import block_rows
+from models.engine import ESTIMATE_FLOPS, ITERATION_FLOPS, NODE_CALL_FLOPS, block_rows
 
 from .plan import Breakdown, WorkerLoad
 from .resources import Resources
@@ -102,6 +107,7 @@ class ModelFacts:
     data: np.ndarray  # bytes per root row
     work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
     scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
+    calls: np.ndarray  # Python-level visits per block (whatever its rows)
     couple: np.ndarray  # bytes per root row shipped when the node is an owned root
     data_group: np.ndarray  # data column of every node (nodes reading one column share it)
     group_data: np.ndarray  # bytes per root row of every data column
@@ -186,6 +192,7 @@ def _build_facts(model: Node) -> ModelFacts:
         data=data,
         work=arr("work_bytes_per_row"),
         scratch=arr("scratch_bytes_per_row"),
+        calls=arr("calls_per_block"),
         couple=arr("owned_root_coupling_bytes_per_row"),
         data_group=data_group,
         group_data=group_data,
@@ -244,6 +251,7 @@ class ShardSums:
     data: np.ndarray  # D_s, per root row: every data column the shard touches, once
     work: np.ndarray  # W_s, per root row
     scratch: np.ndarray  # X_s, per root row: the largest scratch of the nodes the shard evaluates
+    calls: np.ndarray  # K_s, node visits per block
     coupling_bytes_per_row: float  # C
     split_param: float  # P_split
     leaves: tuple[tuple[int, ...], ...]  # leaf indices of every shard, pre-order
@@ -287,7 +295,17 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
                      stat=per_shard(facts.stat), data=data, work=per_shard(facts.work),
-                     scratch=scratch, coupling_bytes_per_row=couple, split_param=float(facts.param[split].sum()), leaves=leaves)
+                     scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple, split_param=float(facts.param[split].sum()), leaves=leaves)
+
+
+def block_counts(rows, block_rows: int) -> np.ndarray:
+    """Blocks of ``block_rows`` each row count takes (0 rows: none)."""
+    return np.ceil(np.asarray(rows, dtype=np.float64) / block_rows)
+
+
+def mstep_s(facts: ModelFacts, resources: Resources) -> float:
+    """The M-step term: the coordinator (the first worker) estimates every node."""
+    return (ITERATION_FLOPS + facts.n_nodes * ESTIMATE_FLOPS) / resources.workers[0].flops_per_s
 
 
 def leaf_bytes(facts: ModelFacts, rows: int, block: int) -> np.ndarray:
@@ -373,7 +391,8 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     rows_f = np.asarray(rows, dtype=np.float64)
     block = np.minimum(rows_f, float(facts.block_rows))
     couple = sums.coupling_bytes_per_row if m > 1 else 0.0
-    flops = rows_f[:, None] * sums.flops[None, :]
+    flops = rows_f[:, None] * sums.flops[None, :] + block_counts(rows_f, facts.block_rows)[:, None] * (
+        NODE_CALL_FLOPS * sums.calls)[None, :]
     seconds = flops / speed
     memory = (sums.data[None, :] * rows_f[:, None] + (sums.work + sums.scratch + couple)[None, :] * block[:, None]
               + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
@@ -397,8 +416,10 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     broadcast = ld * (lat + float(sums.param.max()) / bw) if ld else 0.0
     if m > 1:
         broadcast += ceil_log2(m) * (lat + sums.split_param / bw)
-    total = compute + coupling + reduce_s + broadcast
-    bd = Breakdown(compute_s=compute, coupling_s=coupling, reduce_s=reduce_s, broadcast_s=broadcast, total_s=total)
+    mstep = mstep_s(facts, resources)
+    total = compute + coupling + reduce_s + broadcast + mstep
+    bd = Breakdown(compute_s=compute, coupling_s=coupling, reduce_s=reduce_s, broadcast_s=broadcast, mstep_s=mstep,
+                   total_s=total)
     return Priced(breakdown=bd, fits=fits, rows=np.asarray(rows, dtype=np.int64), flops=flops, seconds=seconds,
                   memory=memory, sums=sums)
 

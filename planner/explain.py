@@ -40,7 +40,8 @@ def default_rationale(plan: BalancePlan) -> str:
     slow = straggler(plan)
     return (f"grid {plan.data_parallel}x{plan.model_parallel} on {plan.workers_used}/{plan.workers_total} workers; "
             f"straggler {slow.name} ({fmt_s(slow.compute_s)} of compute); coupling {share(b.coupling_s, b.total_s)} "
-            f"and reduce+broadcast {share(b.reduce_s + b.broadcast_s, b.total_s)} of {fmt_s(b.total_s)}")
+            f"and reduce+broadcast {share(b.reduce_s + b.broadcast_s, b.total_s)}, M-step {share(b.mstep_s, b.total_s)} "
+            f"of {fmt_s(b.total_s)}")
 
 
 def explain(plan: BalancePlan) -> str:
@@ -55,7 +56,8 @@ def explain(plan: BalancePlan) -> str:
         f"{fmt_s(plan.lower_bound_s)} (gap {100 * gap:.2g}%), planned in {fmt_s(plan.solve_time_s)}.",
         f"Terms: compute {fmt_s(b.compute_s)} ({share(b.compute_s, b.total_s)}), coupling {fmt_s(b.coupling_s)} "
         f"({share(b.coupling_s, b.total_s)}), reduce {fmt_s(b.reduce_s)} ({share(b.reduce_s, b.total_s)}), "
-        f"broadcast {fmt_s(b.broadcast_s)} ({share(b.broadcast_s, b.total_s)}).",
+        f"broadcast {fmt_s(b.broadcast_s)} ({share(b.broadcast_s, b.total_s)}), M-step {fmt_s(b.mstep_s)} "
+        f"({share(b.mstep_s, b.total_s)}).",
         f"Why: {plan.rationale}",
     ]
     slow = straggler(plan)
@@ -140,7 +142,8 @@ def grid_rationale(plan: BalancePlan, facts, resources, best_by_m: dict[int, flo
     slow = straggler(plan)
     parts.append(f"straggler {slow.name} (replica {slow.replica}, shard {slow.shard}, {fmt_s(slow.compute_s)})")
     parts.append(f"coupling {share(b.coupling_s, b.total_s)}, reduce+broadcast "
-                 f"{share(b.reduce_s + b.broadcast_s, b.total_s)} of {fmt_s(b.total_s)}")
+                 f"{share(b.reduce_s + b.broadcast_s, b.total_s)}, M-step {share(b.mstep_s, b.total_s)} of "
+                 f"{fmt_s(b.total_s)}")
     return "; ".join(parts)
 
 

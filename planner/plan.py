@@ -52,6 +52,7 @@ class Breakdown(BaseModel):
     coupling_s: float
     reduce_s: float
     broadcast_s: float
+    mstep_s: float = 0.0  # the coordinator's M-step and the loop's own work
     total_s: float
 
 

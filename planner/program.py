@@ -11,6 +11,7 @@ from ortools.sat.python import cp_model
 from . import constraints
 from .config import SolverConfig
 from .constraints import Instance
+from .costing import block_counts
 from .placement import Layout
 from .resources import Resources
 from .scaling import Scale
@@ -26,6 +27,16 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
     speed = np.array([w.flops_per_s for w in ws])[g]
     rows = np.asarray(rows, dtype=np.int64)
     a = (rows[:, None] / speed).max(axis=0)
+    blocks = block_counts(rows, block_rows)
+    compute_pairs = []
+    for s in range(g.shape[1]):
+        pairs = sorted({(float(rows[r] / speed[r, s]), float(blocks[r] / speed[r, s])) for r in range(g.shape[0])},
+                       reverse=True)
+        keep: list[tuple[float, float]] = []  # by decreasing x: keep each whose y beats every kept one
+        for x, y in pairs:
+            if not keep or y > max(k[1] for k in keep):
+                keep.append((x, y))
+        compute_pairs.append(tuple(keep))
     mem_rows = []
     for s in range(g.shape[1]):
         pairs = sorted({(int(rows[r]), ws[g[r, s]].memory_bytes) for r in range(g.shape[0])
@@ -39,7 +50,8 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
     for s in range(g.shape[1]):
         profiles.setdefault(tuple((ws[w].flops_per_s, ws[w].memory_bytes) for w in g[:, s]), []).append(s)
     net = resources.network
-    return Instance(ut=ut, d=g.shape[0], m=g.shape[1], rows=rows, a=a, mem_rows=tuple(mem_rows),
+    return Instance(ut=ut, d=g.shape[0], m=g.shape[1], rows=rows, a=a, compute_pairs=tuple(compute_pairs),
+                    mem_rows=tuple(mem_rows),
                     classes=tuple(tuple(c) for c in profiles.values()), latency_s=net.latency_s,
                     bytes_per_s=net.bytes_per_s, block_rows=block_rows, scale=scale,
                     time_cap=scale.time_cap(reference_s))

@@ -35,7 +35,7 @@ from models.errors import InfeasiblePlanError, PlanError
 from .bounds import Bounds
 from .build import assemble, check_grid, check_inputs
 from .config import SolverConfig
-from .costing import ModelFacts, evaluate, model_facts, price, replica_rows, shard_sums, worker_arrays
+from .costing import ModelFacts, evaluate, model_facts, mstep_s, price, replica_rows, shard_sums, worker_arrays
 from .explain import grid_rationale, infeasible_message
 from .heuristics import columns, run_all
 from .placement import Layout, candidate_layouts
@@ -86,6 +86,7 @@ class Search:
         self.resources = resources
         self.n = n_data
         self.facts: ModelFacts = model_facts(model)
+        self.mstep = mstep_s(self.facts, resources)
         self.fine: UnitTree = build_units(self.facts, self.facts.n_leaves)
         self.coarse: UnitTree = self.fine if self.facts.n_leaves <= cfg.max_units else build_units(
             self.facts, cfg.max_units)
@@ -221,7 +222,7 @@ class Search:
         if res.unit_shard is not None:
             leaf_shard = self.coarse.leaf_shard(res.unit_shard, self.facts.n_leaves)
             total, fits = self.price_leaves(leaf_shard, q.m, q.layout, q.rows)
-            got = scale.seconds(res.objective_ticks)
+            got = scale.seconds(res.objective_ticks) + self.mstep  # the program leaves out the constant
             if fits is False:
                 self.faults.append(f"{where}: the solver's assignment does not fit when recomputed")
             elif got > total * (1 + FLOAT_TOL) + 1e-12 or got < total * (1 - 1e-4) - 1e-9:
@@ -236,7 +237,7 @@ class Search:
             return bound
         if res.bound_ticks is None:
             return bound
-        solver_bound = scale.seconds(res.bound_ticks)
+        solver_bound = scale.seconds(res.bound_ticks) + self.mstep
         worst_ok = min(q.heuristic_totals, default=math.inf)
         if res.unit_shard is not None and res.status != "model_invalid":
             worst_ok = min(worst_ok, self.price_leaves(self.coarse.leaf_shard(res.unit_shard, self.facts.n_leaves),

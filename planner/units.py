@@ -24,7 +24,7 @@ import numpy as np
 
 from .costing import ModelFacts
 
-COST_FIELDS = ("flops", "param", "stat", "data", "work")
+COST_FIELDS = ("flops", "param", "stat", "data", "work", "calls")
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,7 +12,7 @@ from hypothesis import given, note
 
 from models import (HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Node, NodeCost,
                     Sequence, Stats, tree_costs)
-from models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_memory, block_bytes_per_row
+from models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_cost, block_bytes_per_row
 from models.data import n_rows, take_rows
 from models.engine import shard_block
 
@@ -71,11 +71,11 @@ def test_tree_costs_scale_rows_under_sequences_by_mean_length(m):
         node = m.node_at(pc.path)
         own = node.cost()
         assert pc.rows_per_root_row == pytest.approx(mult[pc.path], rel=1e-12)
-        assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult[pc.path], rel=1e-12)
         assert pc.data_bytes_per_row == pytest.approx(own.data_bytes_per_row * mult[pc.path], rel=1e-12)
         parent = m.node_at(pc.path.rsplit(".", 1)[0] if "." in pc.path else "") if pc.path else None
         # a batched kernel and its children: see the traced-memory tests below
-        if (parent is None or batch_memory(parent) is None) and batch_memory(node) is None:
+        if (parent is None or batch_cost(parent) is None) and batch_cost(node) is None:
+            assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult[pc.path], rel=1e-12)
             weights = ROW_WEIGHT_BYTES if pc.path == "" else 0.0
             assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult[pc.path] + weights, rel=1e-12)
             assert pc.scratch_bytes_per_row == pytest.approx(own.scratch_bytes_per_row * mult[pc.path], rel=1e-12)
@@ -130,6 +130,20 @@ def test_working_memory_of_the_benchmark_families_is_within_a_tenth(model):
     data = model.prepare(model.sample(n, np.random.default_rng(0)))
     predicted = block_bytes_per_row(tree_costs(model)) * n
     assert traced_block_bytes(model, data) == pytest.approx(predicted, rel=0.1)
+
+
+@pytest.mark.parametrize("leaf", [DiagGaussian(np.zeros(6), np.ones(6)), FullGaussian(np.zeros(5), np.eye(5)),
+                                  FullGaussian(np.zeros(40), np.eye(40))], ids=["diag", "full", "full-wide"])
+def test_a_batched_kernel_charges_its_block_once_and_each_component_its_share(leaf):
+    def total(k):
+        return sum(c.flops_per_row for c in tree_costs(Mixture([leaf] * k, np.full(k, 1 / k))))
+
+    mixture_own = [Mixture([leaf] * k, np.full(k, 1 / k)).cost().flops_per_row for k in (2, 3)]
+    b = type(leaf)._batch_cost((leaf,))
+    assert total(3) - mixture_own[1] - (total(2) - mixture_own[0]) == pytest.approx(b.component_flops)
+    assert total(2) - mixture_own[0] == pytest.approx(b.block_flops + 2 * b.component_flops)
+    # alone, the leaf pays its share and part of the block: more than a component, less than a batch of one
+    assert b.component_flops < leaf.cost().flops_per_row < b.component_flops + b.block_flops
 
 
 def test_tree_costs_multiply_nested_sequence_lengths():

@@ -26,7 +26,7 @@ def test_plan_from_assignment_fills_every_field(case):
     assert sum(plan.replica_rows) == 1000 and len(plan.per_worker) == 8
     assert plan.objective_s == plan.predicted_iteration_s == pytest.approx(plan.breakdown.total_s)
     b = plan.breakdown
-    assert b.total_s == pytest.approx(b.compute_s + b.coupling_s + b.reduce_s + b.broadcast_s)
+    assert b.total_s == pytest.approx(b.compute_s + b.coupling_s + b.reduce_s + b.broadcast_s + b.mstep_s)
     assert b.coupling_s > 0 and b.reduce_s > 0
     order = [p for p, _ in model.leaves()]
     for cut in plan.model_cuts:
