@@ -1,9 +1,10 @@
 """Run under ``mpiexec -n N`` with ``EMGRID_FAULT`` set: a fit in which one rank misbehaves.
 
-``python mpi_fault_script.py D M``: every rank prints ``RANK <r> PID <pid>`` first (so a
-test can map the process manager's PID back to a rank), then fits a model of three row
-blocks on the ``D x M`` grid for 4 iterations; a FitError is printed as
-``FITERROR <rank>: <message>`` and exits with 3; success prints ``DONE <rank>``.
+``python mpi_fault_script.py D M [TIMEOUT_S]``: every rank prints ``RANK <r> PID <pid>`` first
+(so a test can map the process manager's PID back to a rank), then fits a model of three row
+blocks on the ``D x M`` grid for 4 iterations (with the executor's ``timeout_s`` when given);
+a FitError is printed as ``FITERROR <rank>: <message>`` and exits with 3; success prints
+``DONE <rank>``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-from executors import optimize  # noqa: E402
+from executors import get, optimize  # noqa: E402
 from fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from plans import grid_plan  # noqa: E402
@@ -32,12 +33,13 @@ def say(line: str) -> None:
 
 def main() -> int:
     d, m = int(sys.argv[1]), int(sys.argv[2])
+    executor = get("mpi", timeout_s=float(sys.argv[3])) if len(sys.argv) > 3 else "mpi"
     rank = MPI.COMM_WORLD.Get_rank()
     say(f"RANK {rank} PID {os.getpid()}")
     model = blocky_model()
     data = blocky_data(model)
     try:
-        optimize(data, model, plan=grid_plan(model, ROWS, d, m), executor="mpi", max_iter=4, tol=0.0)
+        optimize(data, model, plan=grid_plan(model, ROWS, d, m), executor=executor, max_iter=4, tol=0.0)
     except FitError as e:
         say(f"FITERROR {rank}: {e}")
         return 3

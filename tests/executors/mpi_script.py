@@ -1,7 +1,9 @@
 """Run under ``mpiexec -n N``: fits a small nested model on the plan named by argv, prints the trace.
 
-``python mpi_script.py D M OUT.json``: rank 0 writes ``{"trace": [...], "same_on_all_ranks": bool,
-"bytes": [...]}``; a PlanError is printed as ``PLANERROR: <message>`` and exits with 3.
+``python mpi_script.py D M OUT.json [TIMEOUT_S]``: rank 0 writes ``{"trace": [...],
+"same_on_all_ranks": bool, "bytes": [...]}``; a PlanError is printed as ``PLANERROR: <message>``
+and exits with 3. With ``TIMEOUT_S`` the executor runs with that ``timeout_s`` (its timed
+transport).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-from executors import optimize  # noqa: E402
+from executors import get, optimize  # noqa: E402
 from models.errors import PlanError  # noqa: E402
 from sample_models import nested_model, nested_data  # noqa: E402
 from plans import grid_plan  # noqa: E402
@@ -25,12 +27,13 @@ from plans import grid_plan  # noqa: E402
 
 def main() -> int:
     d, m, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    executor = get("mpi", timeout_s=float(sys.argv[4])) if len(sys.argv) > 4 else "mpi"
     comm = MPI.COMM_WORLD
     model = nested_model()
     data = nested_data(model)
     plan = grid_plan(model, 600, d, m)
     try:
-        res = optimize(data, model, plan=plan, executor="mpi", max_iter=6, tol=0.0)
+        res = optimize(data, model, plan=plan, executor=executor, max_iter=6, tol=0.0)
     except PlanError as e:
         print(f"PLANERROR: {e}", flush=True)
         return 3

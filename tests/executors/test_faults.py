@@ -5,6 +5,8 @@ reaches spawned worker processes and ``mpiexec`` ranks through the environment. 
 runs under a deadline (SIGALRM in this process, ``timeout=`` for subprocesses), so a hang
 fails the test instead of stalling the suite. The model runs in three row blocks, so a
 fault at ``block=1`` strikes between two coupling exchanges of a model-parallel replica.
+A hung MPI rank is found by the MPI executor's ``timeout_s`` (the timed transport), which
+names it and aborts the job; the hang itself lasts ten minutes, far past every deadline.
 """
 
 from __future__ import annotations
@@ -133,15 +135,44 @@ def test_an_mpi_rank_raising_on_comm_self_raises_fit_error_naming_it(blocky, mon
             executor=get("mpi", comm=mpi.COMM_SELF))
 
 
+def test_the_mpi_executor_takes_the_multiprocessing_timeout_options():
+    pytest.importorskip("mpi4py.MPI")
+    ex = get("mpi", timeout_s=2.5, startup_timeout_s=30.0)
+    assert (ex.timeout_s, ex.startup_timeout_s) == (2.5, 30.0)
+    assert get("mpi").timeout_s is None  # as multiprocessing: no limit unless asked
+    for bad in (0, -1.0):
+        with pytest.raises(ConfigError, match="timeout_s must be > 0 or None"):
+            get("mpi", timeout_s=bad)
+
+
+def test_the_timed_mpi_transport_on_comm_self_gives_the_local_trace_and_names_a_raising_rank(blocky, monkeypatch):
+    # one rank: nothing to send, but the timed transport's barriers, deadlines and failure path run
+    mpi = pytest.importorskip("mpi4py.MPI")
+    model, data = blocky
+    plan = grid_plan(model, ROWS, 1, 1)
+    with deadline():
+        timed = optimize(data, model, plan=plan, executor=get("mpi", comm=mpi.COMM_SELF, timeout_s=30.0), max_iter=3,
+                         tol=0.0)
+    local = optimize(data, model, plan=plan, max_iter=3, tol=0.0)
+    assert timed.log_likelihood == local.log_likelihood
+    with pytest.raises(FitError, match=r"^rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 2: "
+                                       r".*InjectedFault"):
+        fit(blocky, "raise:worker=w0:iteration=2:block=1", monkeypatch, grid=(1, 1),
+            executor=get("mpi", comm=mpi.COMM_SELF, timeout_s=30.0))
+
+
 needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to {sys.executable}")
 
 
-def run_mpi(fault: str, d: int, m: int, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:
+def run_mpi(fault: str, d: int, m: int, ranks: int = 2, timeout_s: float | None = None,
+            deadline_s: float = DEADLINE_S) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", **{ENV: fault})
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(HERE / "mpi_fault_script.py"), str(d), str(m)]
+    if timeout_s is not None:
+        cmd.append(str(timeout_s))
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, env=env, cwd=str(ROOT))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline_s, env=env, cwd=str(ROOT))
     return proc, time.perf_counter() - t0
 
 
@@ -183,3 +214,29 @@ def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
         pid = re.search(r"RANK 1 PID (\d+)", proc.stdout)
         if pid:  # hydra names the dead process by pid: it is rank 1's
             assert f"PID {pid.group(1)} " in out, out
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("fault,grid,timeout_s,judge,expected", [
+    ("hang:worker=w1:iteration=2:seconds=600", (2, 1), 2.0, 0,
+     r"no answer within 2 s in iteration 2 from rank 1 \(worker 'w1', replica 1, shard 0, pid (\d+)\)$"),
+    ("hang:worker=w1:iteration=2:block=1:seconds=600", (1, 2), 2.0, 0,
+     r"no answer within 2 s in iteration 2 from rank 1 \(worker 'w1', replica 0, shard 1, pid (\d+)\)$"),
+    # the coordinator is a worker too: the other ranks wait 2 * 1.5 + 2 s before they name it
+    ("hang:worker=w0:iteration=3:seconds=600", (2, 1), 1.5, 1,
+     r"no answer within 5 s in iteration 3 from rank 0 \(worker 'w0', replica 0, shard 0, pid (\d+)\)$"),
+], ids=["worker", "worker-mid-exchange", "coordinator"])
+def test_a_hung_mpi_rank_hits_the_executor_timeout_and_the_job_is_aborted(fault, grid, timeout_s, judge, expected):
+    from executors.mpi import ABORT_STATUS
+
+    proc, wall = run_mpi(fault, *grid, timeout_s=timeout_s, deadline_s=60)  # a hang fails the test in 60 s
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == ABORT_STATUS, out  # the rank that named it aborted the job once it had said so
+    assert "DONE" not in out
+    errors = fit_errors(proc)
+    assert judge in errors, out
+    named = re.match(expected, errors[judge])
+    assert named, errors[judge]
+    hung = 1 - judge
+    assert named.group(1) == re.search(rf"RANK {hung} PID (\d+)", proc.stdout).group(1)  # the hung process's pid
+    assert wall < 30, f"took {wall:.1f} s"  # the hang lasts 600 s

@@ -1,5 +1,6 @@
-"""MPI: ``mpiexec -n 2`` and ``-n 4`` (oversubscribed on two cores) give the local trace;
-a plan needing more ranks than started is refused on every rank before any work.
+"""MPI: ``mpiexec -n 2`` and ``-n 4`` (oversubscribed on two cores) give the local trace, with
+the blocking collectives and with the timed transport (``timeout_s``); a plan needing more
+ranks than started is refused on every rank before any work.
 
 The in-process test runs the MPI executor on ``COMM_SELF``, so it holds under plain pytest.
 """
@@ -31,10 +32,12 @@ ITERATIONS = 6  # as mpi_script.py runs
 needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to {sys.executable}")
 
 
-def run_mpi(ranks: int, d: int, m: int, out: Path) -> subprocess.CompletedProcess:
+def run_mpi(ranks: int, d: int, m: int, out: Path, timeout_s: float | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT), str(d), str(m), str(out)]
+    if timeout_s is not None:
+        cmd.append(str(timeout_s))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=str(ROOT))
 
 
@@ -47,11 +50,13 @@ def local_results(nested):
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("ranks,grid", [(2, (2, 1)), (2, (1, 2)), (4, (2, 2)), (3, (1, 2))],
-                         ids=["n2-2x1", "n2-1x2", "n4-2x2", "n3-1x2-one-idle"])
-def test_mpiexec_gives_the_local_trace_on_every_rank(tmp_path, local_results, ranks, grid):
+@pytest.mark.parametrize("ranks,grid,timeout_s", [
+    (2, (2, 1), None), (2, (1, 2), None), (4, (2, 2), None), (3, (1, 2), None),
+    (4, (2, 2), 60.0), (3, (1, 2), 60.0),
+], ids=["n2-2x1", "n2-1x2", "n4-2x2", "n3-1x2-one-idle", "n4-2x2-timed", "n3-1x2-one-idle-timed"])
+def test_mpiexec_gives_the_local_trace_on_every_rank(tmp_path, local_results, ranks, grid, timeout_s):
     out = tmp_path / "result.json"
-    proc = run_mpi(ranks, *grid, out)
+    proc = run_mpi(ranks, *grid, out, timeout_s)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = json.loads(out.read_text())
     local = local_results[grid]
