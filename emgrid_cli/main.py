@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,19 +117,29 @@ def _under_mpiexec() -> bool:
 
 
 def cmd_fit(args) -> int:
+    from .launch import RankRecord
     from .session import build_data, build_model
 
     cfg = _config(args)
     if cfg.executor.kind == "mpi" and not _under_mpiexec():
         return _launch_mpi(args, cfg)
+    record = RankRecord.here()  # a rank of a job _launch_mpi started: tell the parent how it went
+    if record is not None:
+        record.started()
     model = build_model(cfg)
     data = build_data(cfg, model)
     plan = _plan(cfg, model, _n_rows(data))
-    return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume)
+    return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record)
 
 
 def _launch_mpi(args, cfg) -> int:
-    """Re-runs this command under ``mpiexec`` with one rank per worker of the plan."""
+    """Re-runs this command under ``mpiexec`` with one rank per worker of the plan.
+
+    Exits with the command's own code as rank 0 reports it; a job that ends without rank 0's
+    report (a rank died and ``mpiexec`` killed the others) is a failed fit: 3, and one line
+    naming the rank, the iteration and the checkpoint (see ``emgrid_cli.launch``).
+    """
+    from .launch import launch
     from .session import build_model
 
     model = build_model(cfg)
@@ -138,7 +147,7 @@ def _launch_mpi(args, cfg) -> int:
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
            "emgrid_cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
-    return subprocess.call(cmd)
+    return launch(cmd, plan, cfg.resolve(cfg.fit.output), cfg.fit.max_iter)
 
 
 def _rank() -> int:
@@ -150,7 +159,7 @@ def _rank() -> int:
         return 0
 
 
-def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
+def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -> int:
     from executors import optimize
     from models.errors import FitError
 
@@ -169,12 +178,17 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool) -> int:
     remaining = cfg.fit.max_iter - done
     progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
     state = {"model": model, "trace": list(trace), "saved": done}  # saved: iteration of the checkpoint on disk
+    record = record if lead else None
+    if record is not None:
+        record.progress(done)
 
     def callback(iteration, loglik, so_far):
         current_model = so_far.model
         state["trace"].append(loglik)
         state["model"] = current_model
         progress.update(done + iteration, loglik)
+        if record is not None:
+            record.progress(done + iteration)
         k = cfg.fit.checkpoint_every
         if k and lead and (done + iteration) % k == 0:
             write_checkpoint(out, done + iteration, current_model, state["trace"])
@@ -278,19 +292,29 @@ def main(argv=None) -> int:
     from models.errors import EmgridError, FitError
 
     handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise}
+    record = None
+    if args.command == "fit" and _under_mpiexec():
+        from .launch import RankRecord
+
+        record = RankRecord.here()  # this is a rank of a job `emgrid fit` started: report to it
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
     except EmgridError as e:
         if args.debug:
             raise
         print(f"emgrid: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        code = EXIT_BAD_INPUT
     except FitError as e:
         if args.debug:
             raise
         if not _under_mpiexec() or _rank() == 0:  # every rank raises the same FitError: one line
             print(f"emgrid: fit failed: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        elif record is not None:  # the parent prints it when rank 0 cannot (it is the rank that hangs)
+            record.failed(str(e))
+        code = EXIT_FAILED
+    if record is not None and record.rank == 0:
+        record.finished(code)
+    return code
 
 
 if __name__ == "__main__":

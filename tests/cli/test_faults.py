@@ -1,6 +1,8 @@
-"""``emgrid fit`` with a worker killed (multiprocessing) or a rank raising (mpi) mid-fit: exit 3
-in bounded time, one line naming the worker and the iteration, a readable checkpoint, and
-``--resume`` finishes the fit."""
+"""``emgrid fit`` with a worker killed (multiprocessing) or a rank raising, killed or exiting
+(mpi) mid-fit: exit 3 in bounded time, one line naming the worker and the iteration, a
+readable checkpoint, and ``--resume`` finishes the fit. Under MPI a rank that dies takes the
+job down with it, rank 0 included: the parent that started ``mpiexec`` reports it
+(``emgrid_cli.launch``), whatever status ``mpiexec`` exits with."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emgrid_cli.checkpoint import read_checkpoint
+from emgrid_cli.checkpoint import read_checkpoint, write_checkpoint
+from emgrid_cli.launch import ENV as RECORD_ENV
+from emgrid_cli.launch import launch
 
 CONFIG = """
 [model]
@@ -71,19 +75,91 @@ def test_a_killed_worker_fails_the_fit_with_one_line_and_resume_finishes(tmp_pat
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(ll, ll[1:]))
 
 
-@pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(), reason="no mpiexec next to python")
+needs_mpiexec = pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
+                                   reason="no mpiexec next to python")
+# a fast network, so the plan uses both ranks: rank 1 is worker 'w1', the second replica or the
+# second shard as the planner prefers (the network makes them cost nearly the same)
+MPI_CONFIG = (CONFIG.replace('kind = "multiprocessing"', 'kind = "mpi"')
+              .replace("workers = 2", "workers = 2\nlatency_s = 1e-9\nbytes_per_s = 1e12"))
+W1 = r"rank 1 \(worker 'w1', replica (?:1, shard 0|0, shard 1)\)"
+
+
+@needs_mpiexec
 def test_an_mpi_rank_raising_fails_the_fit_with_one_line_and_resume_finishes(tmp_path):
     cfg = tmp_path / "run.toml"
-    # a fast network, so the plan uses both ranks (2 replicas): rank 1 is worker 'w1'
-    cfg.write_text(CONFIG.replace('kind = "multiprocessing"', 'kind = "mpi"')
-                   .replace("workers = 2", "workers = 2\nlatency_s = 1e-9\nbytes_per_s = 1e12"))
+    cfg.write_text(MPI_CONFIG)
     r = emgrid("fit", cfg, "--quiet", cwd=tmp_path, fault="raise:worker=w1:iteration=5")
     assert r.returncode == 3, (r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("emgrid:")]
     assert len(lines) == 1, r.stderr  # every rank raised; only rank 0 says so
-    assert re.match(r"emgrid: fit failed: rank 1 \(worker 'w1', replica 1, shard 0\) failed in iteration 5: "
+    assert re.match(rf"emgrid: fit failed: {W1} failed in iteration 5: "
                     r".*InjectedFault.*; the checkpoint of iteration 4 is in .*: continue with --resume$", lines[0])
     assert read_checkpoint(tmp_path / "out")[0] == 4
     r = emgrid("fit", cfg, "--quiet", "--resume", cwd=tmp_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert json.loads((tmp_path / "out" / "report.json").read_text())["iterations"] == 8
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("fault", ["kill:worker=w1:iteration=5", "exit:worker=w1:iteration=5:code=1"],
+                         ids=["killed", "exits-with-1"])
+def test_an_mpi_rank_that_dies_fails_the_fit_with_exit_3_one_line_and_resume_finishes(tmp_path, fault):
+    # mpiexec exits 9 for the kill and 1 (or 9: the status of a rank it killed) for the exit:
+    # neither is the command's code, and 1 would read as "not converged"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(MPI_CONFIG)
+    r = emgrid("fit", cfg, "--quiet", cwd=tmp_path, fault=fault, timeout=60)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("emgrid:")]
+    assert len(lines) == 1, r.stderr
+    assert re.match(rf"emgrid: fit failed: {W1} died in iteration 5 "
+                    r"\(killed, or exited without reporting\); mpiexec ended the job with status \d+; "
+                    r"the checkpoint of iteration 4 is in .*out: continue with --resume$", lines[0]), lines[0]
+    iteration, _, trace = read_checkpoint(tmp_path / "out")  # rank 0 was killed too: the last periodic one
+    assert iteration == 4 and len(trace) == 4 and np.all(np.isfinite(trace))
+    assert not (tmp_path / "out" / "report.json").exists()
+    r = emgrid("fit", cfg, "--quiet", "--resume", cwd=tmp_path, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["iterations"] == 8 and report["log_likelihood"][:4] == trace
+
+
+# What the launcher makes of what the ranks recorded, with a stand-in for mpiexec (no MPI).
+STAND_IN = """
+import os, pathlib, sys, time
+folder = pathlib.Path(os.environ[{env!r}])
+for name, text in {files!r}.items():
+    (folder / name).write_text(text.replace("PID", str(os.getpid())))
+time.sleep({sleep})
+sys.exit({status})
+"""
+
+
+@pytest.mark.parametrize("files,status,code,line", [
+    ({"exit": "1"}, 9, 1, None),  # rank 0 reported: its code, whatever mpiexec's status
+    ({"exit": "3"}, 3, 3, None),  # rank 0 reported a failure and said so itself
+    ({}, 0, 0, None),
+    # rank 0 hung and was named by rank 1, which aborted the job
+    ({"progress": "1", "error.1": "no answer within 5 s in iteration 2 from rank 0 (worker 'w0')"}, 3, 3,
+     r"emgrid: fit failed: no answer within 5 s in iteration 2 from rank 0 \(worker 'w0'\); "
+     r"the checkpoint of iteration 1 is in .*: continue with --resume$"),
+    # the stand-in is "rank 0" and dies: the parent watched its pid
+    ({"pid.0": "PID", "progress": "2"}, 9, 3,
+     r"emgrid: fit failed: rank 0 \(worker 'w0', replica 0, shard 0\) died in iteration 3 "
+     r"\(killed, or exited without reporting\); mpiexec ended the job with status 9; the checkpoint of iteration 1"),
+    ({}, 13, 3, r"emgrid: fit failed: an MPI rank died before the fit started .* with status 13; the checkpoint"),
+], ids=["reported", "reported-failure", "clean", "judged-by-rank-1", "died", "died-unwatched"])
+def test_the_mpi_launcher_reports_what_the_ranks_recorded(tmp_path, capsys, files, status, code, line):
+    from models import Gaussian
+
+    from tests.executors.plans import grid_plan
+
+    plan = grid_plan(Gaussian(0.0, 1.0), 100, 2, 1)
+    write_checkpoint(tmp_path / "out", 1, Gaussian(0.0, 1.0), [-1.0])
+    script = STAND_IN.format(env=RECORD_ENV, files=files, sleep=0.3 if "pid.0" in files else 0, status=status)
+    assert launch([sys.executable, "-c", script], plan, tmp_path / "out", max_iter=8) == code
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("emgrid:")]
+    if line is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and re.match(line, said[0]), said

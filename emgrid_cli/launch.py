@@ -1,0 +1,206 @@
+"""``emgrid fit`` with ``kind = "mpi"``: the parent that starts ``mpiexec``, and what it reports.
+
+The parent reruns the command under ``mpiexec`` (one rank per worker of the plan) and exits
+with the command's own code (0 done, 1 not converged, 2 bad input, 3 the fit failed, 130
+interrupted) as rank 0 reports it. ``mpiexec``'s own status cannot be passed on: a rank that
+dies outright (killed, ``os._exit``) takes the job down, ``mpiexec`` kills the other ranks,
+rank 0 included, and exits with a status of its own (the dead rank's code or signal, or
+that of a rank it killed: 9 and 13 are both seen, and 1, which would read as "not
+converged"). When rank 0 did not report, the fit failed: the parent prints one line naming
+the rank that died first, the iteration, and the checkpoint to resume from, and exits 3.
+
+What the parent knows comes from a folder it passes to the ranks in ``EMGRID_MPI_RECORD``
+(:class:`RankRecord`): every rank writes its pid when it starts; rank 0 the number of
+iterations finished, after each (one ``pwrite``), and its exit code, last; a rank other
+than 0 that stops on a FitError (it found a rank that hangs, say) writes its message. While
+``mpiexec`` runs, the parent watches the ranks' pids (Linux ``pidfd``, which works for
+processes that are not its children): the first rank to exit, in a job rank 0 did not finish,
+is the one that died. Without ``pidfd`` the line says that a rank died, not which.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENV = "EMGRID_MPI_RECORD"
+#: The command's exit code for a fit that failed while running (as emgrid_cli.main's EXIT_FAILED).
+EXIT_FAILED = 3
+_RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class RankRecord:
+    """One rank's side of the record folder (see the module's docstring)."""
+
+    def __init__(self, folder: Path, rank: int):
+        self.folder, self.rank = folder, rank
+        self._progress_fd: int | None = None
+
+    @classmethod
+    def here(cls) -> "RankRecord | None":
+        """This rank's record when the parent asked for one; None otherwise."""
+        folder = os.environ.get(ENV)
+        if not folder:
+            return None
+        rank = next((int(os.environ[k]) for k in _RANK_ENV if os.environ.get(k, "").isdigit()), None)
+        if rank is None:
+            from mpi4py import MPI
+
+            rank = MPI.COMM_WORLD.Get_rank()
+        return cls(Path(folder), rank)
+
+    def _write(self, name: str, text: str) -> None:
+        try:
+            tmp = self.folder / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.folder / name)
+        except OSError:
+            pass  # the parent is gone or the folder with it: nothing to report to
+
+    def started(self) -> None:
+        self._write(f"pid.{self.rank}", str(os.getpid()))
+
+    def progress(self, iteration: int) -> None:
+        """Rank 0, after each iteration: how many are finished (counting a resumed run's)."""
+        try:
+            if self._progress_fd is None:
+                self._progress_fd = os.open(self.folder / "progress", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._progress_fd, b"%20d\n" % iteration, 0)
+        except OSError:
+            pass
+
+    def finished(self, code: int) -> None:
+        """Rank 0, last: the command's exit code."""
+        self._write("exit", str(code))
+
+    def failed(self, message: str) -> None:
+        """A rank other than 0 that stopped on a FitError."""
+        self._write(f"error.{self.rank}", message)
+
+
+def launch(cmd: list[str], plan, out: Path, max_iter: int) -> int:
+    """Runs ``cmd`` (``mpiexec ...``) and returns the command's exit code (see the module)."""
+    folder = Path(tempfile.mkdtemp(prefix="emgrid-mpi-"))
+    try:
+        proc = subprocess.Popen(cmd, env=dict(os.environ, **{ENV: str(folder)}))
+        try:
+            first = _first_to_exit(proc, folder, plan.workers_used)
+        except KeyboardInterrupt:
+            first = None  # the ranks had it too: rank 0 writes its checkpoint and reports 130
+        status = proc.wait()
+        code = _read_int(folder / "exit")
+        if code is not None:
+            return code
+        if status == 0:
+            return 0  # nothing recorded, nothing failed: an mpiexec that keeps the environment to itself
+        errors = sorted(folder.glob("error.*"), key=lambda p: int(p.suffix[1:]))
+        if errors:
+            message = errors[0].read_text().strip()
+        else:
+            message = _death(first, plan, status, _read_int(folder / "progress"), max_iter)
+        print(f"emgrid: fit failed: {message}{_checkpoint_note(out)}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _first_to_exit(proc: subprocess.Popen, folder: Path, n_ranks: int) -> list[int] | None:
+    """Waits for ``mpiexec`` to exit; returns the rank(s) that exited first, or None.
+
+    Several ranks when they exit between two looks (``mpiexec`` kills the others within
+    milliseconds of the first death, so the look after a wake-up is what counts).
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        job = pidfd_open(proc.pid)
+    except OSError:
+        return None
+    poller = select.poll()
+    poller.register(job, select.POLLIN)
+    watched: dict[int, int] = {}  # pidfd -> rank
+    seen: set[int] = set()
+    first: list[int] | None = None
+    try:
+        while True:
+            gone = []
+            if len(seen) < n_ranks:
+                for path in folder.glob("pid.*"):
+                    rank = int(path.suffix[1:])
+                    pid = _read_int(path)
+                    if rank in seen or pid is None:
+                        continue
+                    seen.add(rank)
+                    try:
+                        fd = pidfd_open(pid)
+                    except OSError:  # exited (and reaped) before we looked
+                        gone.append(rank)
+                        continue
+                    watched[fd] = rank
+                    poller.register(fd, select.POLLIN)
+            events = poller.poll(50)
+            done = False
+            for fd, _ in events:
+                if fd == job:
+                    done = True
+                elif fd in watched:
+                    gone.append(watched[fd])
+                    poller.unregister(fd)
+            if gone and first is None:
+                first = sorted(gone)
+            if done:
+                return first
+    finally:
+        for fd in [job, *watched]:
+            os.close(fd)
+
+
+def _rank_names(plan) -> dict[int, str]:
+    from executors.mpi import rank_map
+
+    grid = plan.worker_grid()
+    return {rank: f"rank {rank} (worker {grid[r][s]!r}, replica {r}, shard {s})"
+            for (r, s), rank in rank_map(plan, plan.workers_used).items()}
+
+
+def _death(first: list[int] | None, plan, status: int, finished: int | None, max_iter: int) -> str:
+    names = _rank_names(plan)
+    if first:
+        who = " or ".join(names.get(r, f"rank {r}") for r in first)
+    else:
+        who = "an MPI rank"
+    if finished is None:
+        when = "before the fit started"
+    elif finished >= max_iter:
+        when = f"after iteration {finished}"
+    else:
+        when = f"in iteration {finished + 1}"
+    how = f"signal {-status}" if status < 0 else f"status {status}"
+    return f"{who} died {when} (killed, or exited without reporting); mpiexec ended the job with {how}"
+
+
+def _checkpoint_note(out: Path) -> str:
+    from models.errors import ConfigError
+
+    from .checkpoint import CHECKPOINT, read_checkpoint
+
+    if not (out / CHECKPOINT).exists():
+        return ""
+    try:
+        iteration, _, _ = read_checkpoint(out)
+    except (ConfigError, KeyError, ValueError, TypeError):
+        return f"; the checkpoint in {out} is damaged"
+    return f"; the checkpoint of iteration {iteration} is in {out}: continue with --resume"
