@@ -86,12 +86,16 @@ def families(seed: int = 0) -> dict:
     }
 
 
-def flops_per_row(model, n: int) -> float:
-    """What the planner charges one worker per row for an E-step over ``n`` rows: the
-    nodes' FLOPs per row and their visits of every block (``planner.costing.price``)."""
+def flops_per_row(model) -> float:
+    return float(model_facts(model).flops.sum())
+
+
+def visits_s(model, n: int) -> float:
+    """The interpreter time the planner charges an E-step over ``n`` rows beside its FLOPs:
+    every node's visits of every block (``planner.costing.price``), which the implied rate
+    leaves out."""
     facts = model_facts(model)
-    visits = float(block_counts(n, facts.block_rows)) * float(facts.calls.sum()) * engine.NODE_CALL_FLOPS
-    return float(facts.flops.sum()) + visits / n
+    return float(block_counts(n, facts.block_rows)) * float(facts.calls.sum()) * engine.NODE_CALL_S
 
 
 def timed(model, data) -> float:
@@ -145,8 +149,8 @@ def main(argv=None) -> int:
     rows = {}
     for name, m in models.items():
         n = n_rows(data[name])
-        spr = best[name] / n
-        fl = flops_per_row(m, n)
+        spr = max(best[name] - visits_s(m, n), 0.1 * best[name]) / n
+        fl = flops_per_row(m)
         rows[name] = {"rows": n, "seconds_per_row": spr, "flops_per_row": fl, "flops_per_s": fl / spr,
                       "description": m.describe()}
     rates = np.array([r["flops_per_s"] for r in rows.values()])
@@ -161,6 +165,7 @@ def main(argv=None) -> int:
         r["predicted_seconds_per_row"] = pred
         print(f"{name:14s} {r['rows']:9d} {r['flops_per_row']:11.1f} {r['seconds_per_row']:15.3e} {pred:16.3e} "
               f"{pred / r['seconds_per_row']:9.2f} {r['flops_per_s'] / 1e9:16.2f}")
+    print("(measured s/row: the E-step's time less the per-block node visits the planner charges apart)")
     print(f"\nglobal rate {global_rate / 1e9:.2f} GFLOP/s (geometric mean); spread of implied rates "
           f"{spread:.2f}x (limit {MAX_SPREAD:.0f}x): {'ok' if spread <= MAX_SPREAD else 'TOO WIDE'}")
 

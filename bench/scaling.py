@@ -12,7 +12,7 @@ Four measurements, all in one run (the MPI runs are this script started again un
 3. **Prediction**: for every run, the planner's predicted iteration time (its objective,
    with the FLOP rate of ``bench/results/calibration.json``) against the measured one. The
    ``local`` executor runs the cells of its grid one after another, so its prediction is
-   the sum of the workers' predicted compute.
+   the sum of the workers' predicted compute and the M-step term.
 4. **Fixed overhead** per iteration of each executor (a tiny model, many iterations), which
    turns the seed's "when to distribute" rule into numbers for this machine.
 
@@ -161,8 +161,8 @@ def summarize(res, wall_s: float) -> dict:
     phases = {k: statistics.median(t[k] for t in (res.timings[1:] or res.timings)) for k in res.timings[0]}
     plan = res.plan
     predicted = plan.predicted_iteration_s
-    if res.executor == "local":  # one process runs the grid's cells one after another
-        predicted = sum(w.compute_s for w in plan.per_worker)
+    if res.executor == "local":  # one process runs the grid's cells one after another, then the M-step
+        predicted = sum(w.compute_s for w in plan.per_worker) + plan.breakdown.mstep_s
     return {"executor": res.executor, "grid": f"{res.plan.data_parallel}x{res.plan.model_parallel}",
             "trace": res.log_likelihood, "iteration_s": per_iteration(res.timings), "phases_s": phases,
             "bytes": res.bytes_moved[-1], "predicted_s": predicted,

@@ -55,8 +55,8 @@ class NodeCost(BaseModel):
     coupling_bytes_per_row: float
     work_bytes_per_row: float
     scratch_bytes_per_row: float = 0.0
-    #: Python-level passes one block costs the node, each ``engine.NODE_CALL_FLOPS`` of
-    #: interpreter work whatever the block's rows (an HMM loops over its time steps).
+    #: Python-level passes one block costs the node, each ``engine.NODE_CALL_S`` of
+    #: interpreter time whatever the block's rows (an HMM loops over its time steps).
     calls_per_block: float = 1.0
 
 

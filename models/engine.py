@@ -43,17 +43,20 @@ MATMUL_FLOPS = 0.1
 SLOW_FLOPS = 3.2
 #: per element of a running sum (``cumsum``: a chain of dependent adds);
 SCAN_FLOPS = 10.0
-#: per row gathered from or scattered to scattered positions (a cache miss).
-ROW_ACCESS_FLOPS = 100.0
-# Work that does not grow with rows, in the same unit (so it scales with a worker's speed):
+#: per row gathered from or scattered to scattered positions (a cache miss; at 100 the HMM
+#: was predicted 1.1x and 1.8x its time on two machines, at 60 about 0.8x and 1.3x).
+ROW_ACCESS_FLOPS = 60.0
+# Work that does not grow with rows is interpreter time, in seconds: it varied far less
+# between machines than the FLOP rate (a node's visit took 25 and 27 us on two machines
+# whose calibrated rates were 1.8e9 and 2.8e9).
 #: one Python-level visit of a node in one block's passes (``NodeCost.calls_per_block``):
-#: 15-33 us per node per block on the reference machine, 25 us typical;
-NODE_CALL_FLOPS = 70_000.0
+#: 15-33 us per node per block, 25 us typical;
+NODE_CALL_S = 25e-6
 #: one node's M-step (``estimate``): 11-28 us per node, 20 us typical;
-ESTIMATE_FLOPS = 56_000.0
+ESTIMATE_S = 20e-6
 #: the EM loop's own work per iteration beyond the phases it times (the convergence test,
-#: the result's bookkeeping, the callback): about 120 us.
-ITERATION_FLOPS = 340_000.0
+#: the result's bookkeeping, the callback).
+ITERATION_S = 120e-6
 #: Working-array budget of any one leaf (or batched kernel's shared block) per block: its
 #: passes over its ``(rows, d)`` temporaries then run from cache (a lone DiagGaussian or
 #: FullGaussian of dimension 16 ran 1.3x and 1.6x faster per row at 16,384 rows than at

@@ -48,11 +48,6 @@ EXPANDED_MAX_ERROR = 1e-9
 #: Largest dimension for which ``FullGaussian``'s batched kernels build the quadratic
 #: feature block (``8 * d(d+1)/2`` bytes per row); above it they work per component.
 FEATURE_MAX_DIM = 32
-#: A lone leaf's work relative to the batched kernels': its own component's share plus this
-#: fraction of the feature block the batch builds once for all siblings (the lone kernels
-#: skip the products they do not need: a lone DiagGaussian and FullGaussian of dimension 16
-#: ran at 0.44 and 0.55 of the block beyond their own share).
-LONE_BLOCK_SHARE = 0.5
 
 #: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
 #: go with the model): ``{leaves[0]: (weak references to the leaves, value)}``.
@@ -392,8 +387,10 @@ class DiagGaussian(Leaf):
 
     def cost(self):
         d = self.dim
-        b = self._batch_cost((self,))  # alone: see LONE_BLOCK_SHARE
-        return NodeCost(flops_per_row=b.component_flops + LONE_BLOCK_SHARE * b.block_flops, param_bytes=16 * d,
+        # alone (batched: _batch_cost): eight passes over the (n, d) rows: centre, square,
+        # the weighted sum (a matrix-vector product, bandwidth-bound like a pass), and for
+        # the statistics x * x and two weighted sums
+        return NodeCost(flops_per_row=8.0 * d + 1, param_bytes=16 * d,
                         stat_bytes=stat_bytes(arrays=[d, d], scalars=1), data_bytes_per_row=8.0 * d,
                         coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=8.0 * d)
@@ -569,9 +566,11 @@ class FullGaussian(Leaf):
 
     def cost(self):
         d = self.dim
-        b = self._batch_cost((self,))  # alone: see LONE_BLOCK_SHARE; its temporaries: the
-        # centred rows and their whitened copy
-        return NodeCost(flops_per_row=b.component_flops + LONE_BLOCK_SHARE * b.block_flops,
+        # alone (batched: _batch_cost): centre, whiten (2 d^2), the squared norm (2 d); for
+        # the statistics a weighted sum (2 d), the rows scaled by their weights (a broadcast)
+        # and the weighted outer products (2 d^2). Its temporaries: the centred rows and
+        # their whitened copy.
+        return NodeCost(flops_per_row=3.0 * d + d * SLOW_FLOPS + (4.0 * d * d + 2.0 * d) * MATMUL_FLOPS,
                         param_bytes=8 * d + 8 * d * d, stat_bytes=stat_bytes(arrays=[d, d * d], scalars=1),
                         data_bytes_per_row=8.0 * d, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=16.0 * d)
@@ -587,7 +586,11 @@ class FullGaussian(Leaf):
         d, k = leaves[0].dim, len(leaves)
         if d <= FEATURE_MAX_DIM:
             nf = d + 1 + d * (d + 1) // 2
-            return BatchCost(block_flops=d * SLOW_FLOPS + nf + 2 * d, component_flops=4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS,
-                             kept_bytes=8.0 * nf, scratch_bytes=8.0 * k)
+            # each of the two products reads the whole block: with few components that read,
+            # not their FLOPs, bounds it (a pass over nf elements per row)
+            floor = 2.0 * nf * max(0.0, 1.0 - 2.0 * k * MATMUL_FLOPS)
+            return BatchCost(block_flops=d * SLOW_FLOPS + nf + 2 * d + floor,
+                             component_flops=4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS, kept_bytes=8.0 * nf,
+                             scratch_bytes=8.0 * k)
         return BatchCost(block_flops=d * SLOW_FLOPS + 1, component_flops=(4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d,
                          kept_bytes=8.0 * (d + 1), scratch_bytes=8.0 * d)

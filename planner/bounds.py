@@ -40,7 +40,7 @@ import numpy as np
 
 from models.cost import ceil_log2
 
-from models.engine import NODE_CALL_FLOPS
+from models.engine import NODE_CALL_S
 
 from .costing import WORKER_BASE_BYTES, ModelFacts, block_counts, fixed_bytes, mstep_s
 from .resources import Resources
@@ -65,13 +65,14 @@ class Bounds:
         self.split = {f: table[i] for i, f in enumerate(SPLIT_FIELDS)}
         self.c_min = table[-1]
         speeds = np.sort([w.flops_per_s for w in resources.workers])[::-1]
+        self.speeds = speeds
         self.speed_prefix = np.concatenate([[0.0], np.cumsum(speeds)])
         self.f_max = float(speeds[0])
         self.lat = resources.network.latency_s
         self.bw = resources.network.bytes_per_s
         self.block = facts.block_rows
-        self.calls = float(facts.calls.sum()) * NODE_CALL_FLOPS
-        self.mstep = mstep_s(facts, resources)
+        self.calls = float(facts.calls.sum()) * NODE_CALL_S
+        self.mstep = mstep_s(facts)
         self.fixed = float(fixed.sum())
         self.data_row = float(facts.group_data.sum())
         self.work_row = float(facts.work.sum() + facts.scratch.max())  # some worker computes the largest scratch
@@ -110,8 +111,9 @@ class Bounds:
         """A bound for every layout of the ``d x m`` grid."""
         n = self.n_data
         rows_max = -(-n // d)
-        # every node is visited once per block of every replica, by some shard
-        visits = float(block_counts(n, self.block)) * self.calls
+        # the busiest worker's T >= F_i / s_i + V_i for all i, so S T >= F + sum s_i V_i >=
+        # F + s_min V, V >= the visits of every node once per block of the data
+        visits = float(block_counts(n, self.block)) * self.calls * self.speeds[d * m - 1]
         compute = max((n * self._work(m) + visits) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
         return compute + self._comm(d, m, rows_max) + self.mstep
 

@@ -17,7 +17,7 @@ from ortools.sat.python import cp_model
 
 from models.cost import ceil_log2
 
-from models.engine import NODE_CALL_FLOPS
+from models.engine import NODE_CALL_S
 
 from .costing import WORKER_BASE_BYTES, fixed_bytes
 from .scaling import Scale
@@ -34,7 +34,7 @@ class Instance:
     m: int
     rows: np.ndarray  # per replica
     a: np.ndarray  # per column: max_r rows_r / speed(r, s)
-    #: per column: ``(rows_r / speed(r, s), blocks_r / speed(r, s))`` of every replica whose
+    #: per column: ``(rows_r / speed(r, s), blocks_r)`` of every replica whose
     #: compute time may be the column's largest (no other has both at least as large)
     compute_pairs: tuple[tuple[tuple[float, float], ...], ...]
     mem_rows: tuple[tuple[tuple[int, int], ...], ...]  # per column: binding (rows_r, memory limit) pairs
@@ -132,15 +132,15 @@ def identical_units(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> in
 
 
 def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
-    """``T_c >= K((rows_r F_v + blocks_r K_v c) / speed(r, s)) e[v][s]`` summed over nodes,
+    """``T_c >= K(rows_r F_v / speed(r, s) + blocks_r K_v c) e[v][s]`` summed over nodes,
     for every column ``s`` and every replica ``r`` of its ``compute_pairs``: the busiest
-    worker (``K_v`` the node's visits per block, ``c = NODE_CALL_FLOPS``)."""
+    worker (``K_v`` the node's visits per block, ``c = NODE_CALL_S``)."""
     ut, sc = inst.ut, inst.scale
     t = model.new_int_var(0, inst.time_cap, "T_compute")
     top = inst.time_cap + 1  # a larger coefficient forbids its variable just the same
 
     def coef(cost, x, y):
-        return np.array([min(top, sc.time_down(x * f + y * NODE_CALL_FLOPS * k)) for f, k in zip(cost["flops"], cost["calls"])])
+        return np.array([min(top, sc.time_down(x * f + y * NODE_CALL_S * k)) for f, k in zip(cost["flops"], cost["calls"])])
 
     for s in range(inst.m):
         for x, y in inst.compute_pairs[s]:

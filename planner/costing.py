@@ -26,9 +26,9 @@ Rows
 Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat`` and
 ``bw`` the network's latency and bytes per second):
 
-- compute   ``max_{r,s} (rows_r * F_s + ceil(rows_r / B) * K_s * c) / speed(r, s)`` (the
+- compute   ``max_{r,s} rows_r * F_s / speed(r, s) + ceil(rows_r / B) * K_s * c`` (the
   busiest worker), ``K_s`` the shard's node visits per block (``NodeCost.calls_per_block``)
-  and ``c = models.engine.NODE_CALL_FLOPS`` the interpreter work of one;
+  and ``c = models.engine.NODE_CALL_S`` the interpreter time of one;
 - coupling  (``M > 1``) ``max_r [ceil(rows_r / B) * L(M) * lat + rows_r * C * (M-1)/M / bw]``
   with ``C = models.cost.coupling_bytes_per_row``: an allgather of the owned roots' log
   densities among the ``M`` shards of a replica, once per block;
@@ -37,9 +37,9 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
 - broadcast ``L(D) * (lat + max_s P_s / bw)`` plus, when ``M > 1``,
   ``L(M) * (lat + P_split / bw)``: each shard's new parameters go to its ``D`` workers, and
   the split nodes' new parameters (estimated once) go to the ``M`` shards;
-- M-step    ``(ITERATION_FLOPS + n_nodes * ESTIMATE_FLOPS) / speed(first worker)``: the
-  coordinator estimates every node and runs the loop (the same for every plan of a model
-  on given resources: it does not change which plan is best, only what it predicts).
+- M-step    ``ITERATION_S + n_nodes * ESTIMATE_S``: the coordinator estimates every node
+  and runs the loop (the same for every plan of a model: it does not change which plan is
+  best, only what it predicts).
 
 The total is the sum of the five terms (the phases are synchronous).
 
@@ -67,7 +67,7 @@ import numpy as np
 
 from models.base import Node
 from models.cost import ceil_log2, tree_costs
-from models.engine import ESTIMATE_FLOPS, ITERATION_FLOPS, NODE_CALL_FLOPS, block_rows
+from models.engine import ESTIMATE_S, ITERATION_S, NODE_CALL_S, block_rows
 
 from .plan import Breakdown, WorkerLoad
 from .resources import Resources
@@ -303,9 +303,9 @@ def block_counts(rows, block_rows: int) -> np.ndarray:
     return np.ceil(np.asarray(rows, dtype=np.float64) / block_rows)
 
 
-def mstep_s(facts: ModelFacts, resources: Resources) -> float:
-    """The M-step term: the coordinator (the first worker) estimates every node."""
-    return (ITERATION_FLOPS + facts.n_nodes * ESTIMATE_FLOPS) / resources.workers[0].flops_per_s
+def mstep_s(facts: ModelFacts) -> float:
+    """The M-step term: the coordinator estimates every node and runs the loop."""
+    return ITERATION_S + facts.n_nodes * ESTIMATE_S
 
 
 def leaf_bytes(facts: ModelFacts, rows: int, block: int) -> np.ndarray:
@@ -391,9 +391,8 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     rows_f = np.asarray(rows, dtype=np.float64)
     block = np.minimum(rows_f, float(facts.block_rows))
     couple = sums.coupling_bytes_per_row if m > 1 else 0.0
-    flops = rows_f[:, None] * sums.flops[None, :] + block_counts(rows_f, facts.block_rows)[:, None] * (
-        NODE_CALL_FLOPS * sums.calls)[None, :]
-    seconds = flops / speed
+    flops = rows_f[:, None] * sums.flops[None, :]
+    seconds = flops / speed + block_counts(rows_f, facts.block_rows)[:, None] * (NODE_CALL_S * sums.calls)[None, :]
     memory = (sums.data[None, :] * rows_f[:, None] + (sums.work + sums.scratch + couple)[None, :] * block[:, None]
               + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
     limit = memories[grid]
@@ -416,7 +415,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     broadcast = ld * (lat + float(sums.param.max()) / bw) if ld else 0.0
     if m > 1:
         broadcast += ceil_log2(m) * (lat + sums.split_param / bw)
-    mstep = mstep_s(facts, resources)
+    mstep = mstep_s(facts)
     total = compute + coupling + reduce_s + broadcast + mstep
     bd = Breakdown(compute_s=compute, coupling_s=coupling, reduce_s=reduce_s, broadcast_s=broadcast, mstep_s=mstep,
                    total_s=total)

@@ -30,7 +30,7 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
     blocks = block_counts(rows, block_rows)
     compute_pairs = []
     for s in range(g.shape[1]):
-        pairs = sorted({(float(rows[r] / speed[r, s]), float(blocks[r] / speed[r, s])) for r in range(g.shape[0])},
+        pairs = sorted({(float(rows[r] / speed[r, s]), float(blocks[r])) for r in range(g.shape[0])},
                        reverse=True)
         keep: list[tuple[float, float]] = []  # by decreasing x: keep each whose y beats every kept one
         for x, y in pairs:

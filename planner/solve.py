@@ -86,7 +86,7 @@ class Search:
         self.resources = resources
         self.n = n_data
         self.facts: ModelFacts = model_facts(model)
-        self.mstep = mstep_s(self.facts, resources)
+        self.mstep = mstep_s(self.facts)
         self.fine: UnitTree = build_units(self.facts, self.facts.n_leaves)
         self.coarse: UnitTree = self.fine if self.facts.n_leaves <= cfg.max_units else build_units(
             self.facts, cfg.max_units)
