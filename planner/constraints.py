@@ -19,7 +19,7 @@ from models.cost import ceil_log2
 
 from models.engine import NODE_CALL_S
 
-from .costing import WORKER_BASE_BYTES, fixed_bytes
+from .costing import SYNC_WAIT_SHARE, WORKER_BASE_BYTES, fixed_bytes
 from .scaling import Scale
 from .units import UnitTree, unit_order, unit_signature
 from .variables import ShardVars
@@ -132,15 +132,18 @@ def identical_units(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> in
 
 
 def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
-    """``T_c >= K(rows_r F_v / speed(r, s) + blocks_r K_v c) e[v][s]`` summed over nodes,
+    """``T_c >= K(w (rows_r F_v / speed(r, s) + blocks_r K_v c)) e[v][s]`` summed over nodes,
     for every column ``s`` and every replica ``r`` of its ``compute_pairs``: the busiest
-    worker (``K_v`` the node's visits per block, ``c = NODE_CALL_S``)."""
+    worker (``K_v`` the node's visits per block, ``c = NODE_CALL_S``). With ``M > 1``,
+    ``w = 1 + SYNC_WAIT_SHARE`` carries the coupling term's wait, a share of the compute."""
     ut, sc = inst.ut, inst.scale
     t = model.new_int_var(0, inst.time_cap, "T_compute")
     top = inst.time_cap + 1  # a larger coefficient forbids its variable just the same
+    w = 1.0 + SYNC_WAIT_SHARE if inst.m > 1 else 1.0
 
     def coef(cost, x, y):
-        return np.array([min(top, sc.time_down(x * f + y * NODE_CALL_S * k)) for f, k in zip(cost["flops"], cost["calls"])])
+        return np.array([min(top, sc.time_down(w * (x * f + y * NODE_CALL_S * k)))
+                         for f, k in zip(cost["flops"], cost["calls"])])
 
     for s in range(inst.m):
         for x, y in inst.compute_pairs[s]:
@@ -151,7 +154,8 @@ def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
 def coupling_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     """``ceil(rows_max / B) L(M) lat + rows_max (M-1)/M C / bw`` with
     ``C = sum_{w != root} couple_w (split[parent(w)] - split[w])``: the owned roots are
-    exactly the unsplit children of split nodes."""
+    exactly the unsplit children of split nodes. (The wait for each block's slowest shard,
+    a share of the compute, is in :func:`compute_term`.)"""
     if inst.m == 1:
         return 0
     sc, n = inst.scale, inst.rows_max

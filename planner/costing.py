@@ -29,9 +29,10 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
 - compute   ``max_{r,s} rows_r * F_s / speed(r, s) + ceil(rows_r / B) * K_s * c`` (the
   busiest worker), ``K_s`` the shard's node visits per block (``NodeCost.calls_per_block``)
   and ``c = models.engine.NODE_CALL_S`` the interpreter time of one;
-- coupling  (``M > 1``) ``max_r [ceil(rows_r / B) * L(M) * lat + rows_r * C * (M-1)/M / bw]``
-  with ``C = models.cost.coupling_bytes_per_row``: an allgather of the owned roots' log
-  densities among the ``M`` shards of a replica, once per block;
+- coupling  (``M > 1``) ``max_r [ceil(rows_r / B) * L(M) * lat + rows_r * C * (M-1)/M / bw]
+  + SYNC_WAIT_SHARE * compute`` with ``C = models.cost.coupling_bytes_per_row``: an
+  allgather of the owned roots' log densities among the ``M`` shards of a replica, once per
+  block, and the wait for each block's slowest shard;
 - reduce    ``L(D) * (lat + max_s S_s / bw)``: every shard group tree-reduces its shard's
   statistics over the ``D`` replicas;
 - broadcast ``L(D) * (lat + max_s P_s / bw)`` plus, when ``M > 1``,
@@ -84,6 +85,12 @@ PARAM_STAT_COPIES = 3.0
 #: fragmentation of the allocator, messages in flight, Python objects. Measured: 0-4 MiB
 #: (median 0.9 MiB) above the rest of the formula (``bench/memory.py``).
 WORKER_BASE_BYTES = 2**20
+
+#: With ``M > 1`` the shards of a replica meet once per block, so each waits for the
+#: block's slowest shard: block-to-block jitter that balancing cannot remove. Measured
+#: beside the predicted exchange: 9-17% of the compute under MPI, 0-12% with pipes
+#: (``bench/scaling.py``, two shards of equal work).
+SYNC_WAIT_SHARE = 0.1
 
 
 def fixed_bytes(param, stat):
@@ -409,7 +416,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     if m > 1:
         lm = ceil_log2(m)
         coupling = max(math.ceil(n / facts.block_rows) * lm * lat + n * couple * (m - 1) / m / bw
-                       for n in (int(x) for x in rows))
+                       for n in (int(x) for x in rows)) + SYNC_WAIT_SHARE * compute
     ld = ceil_log2(d)
     reduce_s = ld * (lat + float(sums.stat.max()) / bw) if ld else 0.0
     broadcast = ld * (lat + float(sums.param.max()) / bw) if ld else 0.0
