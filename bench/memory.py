@@ -42,7 +42,7 @@ from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, Full
 from models.cost import block_bytes_per_row, tree_costs  # noqa: E402
 from models.engine import block_rows  # noqa: E402
 from planner import Resources, balance_plan  # noqa: E402
-from planner.costing import fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
+from planner.costing import COUPLING_COPIES, fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
 from planner.plan import BalancePlan  # noqa: E402
 
 MiB = 2**20
@@ -88,7 +88,7 @@ def terms(model, plan: BalancePlan) -> list[dict]:
     out = []
     for w in plan.per_worker:
         b = min(w.rows, facts.block_rows)
-        couple = sums.coupling_bytes_per_row * b if m > 1 else 0.0
+        couple = COUPLING_COPIES * sums.coupling_bytes_per_row * b if m > 1 else 0.0
         out.append({"worker": w.name, "replica": w.replica, "shard": w.shard, "rows": w.rows, "block_rows": b,
                     "data": sums.data[w.shard] * w.rows, "work": (sums.work[w.shard] + sums.scratch[w.shard]) * b + couple,
                     "params_stats": fixed_bytes(sums.param[w.shard], sums.stat[w.shard]),

@@ -42,7 +42,7 @@ from models.cost import ceil_log2
 
 from models.engine import NODE_CALL_S
 
-from .costing import SYNC_WAIT_SHARE, WORKER_BASE_BYTES, ModelFacts, block_counts, fixed_bytes, mstep_s
+from .costing import COUPLING_COPIES, SYNC_WAIT_SHARE, WORKER_BASE_BYTES, ModelFacts, block_counts, fixed_bytes, mstep_s
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
@@ -132,7 +132,7 @@ class Bounds:
         b = min(rows, self.block)
         out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b + m * WORKER_BASE_BYTES
         if m > 1:
-            out += (m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b) + m * b * float(self.c_min[m])
+            out += (m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b) + m * b * COUPLING_COPIES * float(self.c_min[m])
         return out
 
     def leaf_need(self, rows: int, m: int = 1, least: bool = False) -> float:
@@ -142,7 +142,7 @@ class Bounds:
         need = self.leaf_fixed + self.leaf_data * rows + self.leaf_work * b
         out = float(need.min() if least else need.max()) + WORKER_BASE_BYTES
         if m > 1:
-            out += self._sf("fixed", m) + self._sf("work", m) * b + b * float(self.c_min[m])
+            out += self._sf("fixed", m) + self._sf("work", m) * b + b * COUPLING_COPIES * float(self.c_min[m])
         return out
 
     def grid_fits(self, d: int, m: int) -> bool:

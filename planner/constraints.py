@@ -19,7 +19,7 @@ from models.cost import ceil_log2
 
 from models.engine import NODE_CALL_S
 
-from .costing import SYNC_WAIT_SHARE, WORKER_BASE_BYTES, fixed_bytes
+from .costing import COUPLING_COPIES, SYNC_WAIT_SHARE, WORKER_BASE_BYTES, fixed_bytes
 from .scaling import Scale
 from .units import UnitTree, unit_order, unit_signature
 from .variables import ShardVars
@@ -206,7 +206,7 @@ def _per_shard_max(model, v: ShardVars, inst: Instance, field: str, k: float, na
 
 def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """For every column ``s`` and binding replica ``r`` (rows ``n``, block ``b = min(n, B)``):
-    ``sum_g data_g n z[g][s] + sum_v (work_v b + 2 (param_v + stat_v)) e[v][s] + b X + [M > 1] b C
+    ``sum_g data_g n z[g][s] + sum_v (work_v b + 3 (param_v + stat_v)) e[v][s] + b X + [M > 1] 3 b C
     <= limit``, coefficients rounded up, where ``z[g][s] >= e[v][s]`` for every node ``v``
     reading data column ``g`` (one copy of a column per shard) and ``X >= scratch_v e[v][s]``
     (the shard's largest scratch)."""
@@ -244,7 +244,8 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
         for n, limit in pairs:
             b = min(n, inst.block_rows)
             cap = max(-1, sc.bytes_limit(limit - WORKER_BASE_BYTES))  # -1: nothing fits
-            couple = np.array([sc.bytes_up(b * c) for c in coef]) if inst.m > 1 else np.zeros(0, dtype=np.int64)
+            couple = (np.array([sc.bytes_up(COUPLING_COPIES * b * c) for c in coef]) if inst.m > 1
+                      else np.zeros(0, dtype=np.int64))
             top = cap + 1 - int(couple[couple < 0].sum())  # a larger coefficient forbids its variable just the same
 
             def need(cost):

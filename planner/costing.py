@@ -46,11 +46,12 @@ The total is the sum of the five terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
-    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] C * b_r + 3 * (P_s + S_s) + A
+    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] 3 C * b_r + 3 * (P_s + S_s) + A
 
 its rows of data (the leaves' columns and the split nodes' offsets), one block of working
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
-largest scratch), one block of exchanged log densities, and three copies of its parameters
+largest scratch), three copies of one block's exchanged log densities
+(:data:`COUPLING_COPIES`), three copies of its parameters
 and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`). A worker whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
 """
@@ -85,6 +86,12 @@ PARAM_STAT_COPIES = 3.0
 #: fragmentation of the allocator, messages in flight, Python objects. Measured: 0-4 MiB
 #: (median 0.9 MiB) above the rest of the formula (``bench/memory.py``).
 WORKER_BASE_BYTES = 2**20
+
+#: Copies of a block's exchanged log densities a worker holds while the shards of its
+#: replica exchange them: its own pickled, every shard's message received, and unpickled.
+#: Two-shard fits of small composites measured 3 beyond the formula's other terms
+#: (``bench/soak.py``).
+COUPLING_COPIES = 3.0
 
 #: With ``M > 1`` the shards of a replica meet once per block, so each waits for the
 #: block's slowest shard: block-to-block jitter that balancing cannot remove. Measured
@@ -400,7 +407,8 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     couple = sums.coupling_bytes_per_row if m > 1 else 0.0
     flops = rows_f[:, None] * sums.flops[None, :]
     seconds = flops / speed + block_counts(rows_f, facts.block_rows)[:, None] * (NODE_CALL_S * sums.calls)[None, :]
-    memory = (sums.data[None, :] * rows_f[:, None] + (sums.work + sums.scratch + couple)[None, :] * block[:, None]
+    memory = (sums.data[None, :] * rows_f[:, None]
+              + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
               + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
     limit = memories[grid]
     known = np.isfinite(limit)
