@@ -30,7 +30,7 @@ def plan_table(plan) -> str:
         f"status    {plan.status}   predicted {plan.predicted_iteration_s * 1e3:.3f} ms/iter   "
         f"lower bound {plan.lower_bound_s * 1e3:.3f} ms   solved in {plan.solve_time_s:.2f} s",
         f"terms     compute {b.compute_s * 1e3:.3f} ms   coupling {b.coupling_s * 1e3:.3f} ms   "
-        f"reduce {b.reduce_s * 1e3:.3f} ms   broadcast {b.broadcast_s * 1e3:.3f} ms"
+        f"reduce {b.reduce_s * 1e3:.3f} ms   broadcast {b.broadcast_s * 1e3:.3f} ms   M-step {b.mstep_s * 1e3:.3f} ms"
         + (f"   (coupling {100 * b.coupling_s / b.total_s:.0f}%)" if b.total_s > 0 else ""),
         f"fits      {'yes' if plan.fits else ('unknown (some worker memory not given)' if plan.fits is None else 'NO')}",
         "",

@@ -126,6 +126,8 @@ def block_bytes_per_row(costs: list[PlacedCost]) -> float:
 
 def tree_costs(model: "Node") -> list[PlacedCost]:
     """Every node's cost per root row, in pre-order."""
+    from .base import child_path
+
     out: list[PlacedCost] = []
 
     def walk(node, path, mult, batched: BatchCost | None = None, shifted=False):
@@ -157,12 +159,10 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )
-        from .base import child_path
-
+        child = None if batch is None else type(node.children[0])._batch_cost(node.children)
+        shifted_children = child is not None and getattr(node, "_child_log_offsets", None) is not None
         for i, ch in enumerate(node.children):
-            child = None if batch is None else type(node.children[0])._batch_cost(node.children)
-            walk(ch, child_path(path, i), mult * node.child_rows(i), child,
-                 getattr(node, "_child_log_offsets", None) is not None)
+            walk(ch, child_path(path, i), mult * node.child_rows(i), child, shifted_children)
 
     walk(model, "", 1.0)
     return out

@@ -14,6 +14,7 @@ exactly the single-process E-step.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -66,9 +67,21 @@ MIN_BLOCK_ROWS = 256
 MAX_BLOCK_ROWS = 1 << 16
 
 
+#: ``block_rows`` of the models in use (every worker asks for it several times per
+#: iteration; a model is immutable, and the next iteration's is a new object).
+_BLOCK_ROWS: "weakref.WeakKeyDictionary[Node, int]" = weakref.WeakKeyDictionary()
+
+
 def block_rows(model: Node) -> int:
     """Rows per block so that one block's working arrays stay near ``BLOCK_BYTES`` and no
     leaf's beyond ``LEAF_BLOCK_BYTES``."""
+    hit = _BLOCK_ROWS.get(model)
+    if hit is None:
+        hit = _BLOCK_ROWS[model] = _block_rows(model)
+    return hit
+
+
+def _block_rows(model: Node) -> int:
     costs = tree_costs(model)
     per_row = block_bytes_per_row(costs)
     per_leaf = max(max(c.batch_bytes_per_row, c.work_bytes_per_row + c.scratch_bytes_per_row if c.is_leaf else 0.0)
