@@ -55,9 +55,10 @@ ROW_ACCESS_FLOPS = 60.0
 NODE_CALL_S = 25e-6
 #: one node's M-step (``estimate``): 11-28 us per node, 20 us typical;
 ESTIMATE_S = 20e-6
-#: the EM loop's own work per iteration beyond the phases it times (the convergence test,
-#: the result's bookkeeping, the callback).
-ITERATION_S = 120e-6
+#: the EM loop's own work per iteration (the convergence test, the result's bookkeeping,
+#: the callback, the in-process hand-over of statistics and model): 100-140 us beyond the
+#: timed E- and M-step phases, 40 us within them, of a tiny model fitted locally.
+ITERATION_S = 150e-6
 #: Working-array budget of any one leaf (or batched kernel's shared block) per block: its
 #: passes over its ``(rows, d)`` temporaries then run from cache (a lone DiagGaussian or
 #: FullGaussian of dimension 16 ran 1.3x and 1.6x faster per row at 16,384 rows than at

@@ -132,7 +132,8 @@ class Bounds:
         b = min(rows, self.block)
         out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b + m * WORKER_BASE_BYTES
         if m > 1:
-            out += (m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b) + m * b * COUPLING_COPIES * float(self.c_min[m])
+            out += ((m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b)
+                    + m * b * COUPLING_COPIES * float(self.c_min[m]))
         return out
 
     def leaf_need(self, rows: int, m: int = 1, least: bool = False) -> float:

@@ -206,7 +206,7 @@ def _per_shard_max(model, v: ShardVars, inst: Instance, field: str, k: float, na
 
 def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """For every column ``s`` and binding replica ``r`` (rows ``n``, block ``b = min(n, B)``):
-    ``sum_g data_g n z[g][s] + sum_v (work_v b + 3 (param_v + stat_v)) e[v][s] + b X + [M > 1] 3 b C
+    ``sum_g data_g n z[g][s] + sum_v (work_v b + 3 (param_v + stat_v)) e[v][s] + b X + [M > 1] 2 b C
     <= limit``, coefficients rounded up, where ``z[g][s] >= e[v][s]`` for every node ``v``
     reading data column ``g`` (one copy of a column per shard) and ``X >= scratch_v e[v][s]``
     (the shard's largest scratch)."""

@@ -46,13 +46,14 @@ The total is the sum of the five terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
-    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] 3 C * b_r + 3 * (P_s + S_s) + A
+    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] 2 C * b_r + 3 * (P_s + S_s) + A
 
 its rows of data (the leaves' columns and the split nodes' offsets), one block of working
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
-largest scratch), three copies of one block's exchanged log densities
+largest scratch), two copies of one block's exchanged log densities
 (:data:`COUPLING_COPIES`), three copies of its parameters
-and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`). A worker whose memory is unknown (``None``) is unconstrained; a plan using one
+and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`). A worker
+whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
 """
 
@@ -89,9 +90,10 @@ WORKER_BASE_BYTES = 2**20
 
 #: Copies of a block's exchanged log densities a worker holds while the shards of its
 #: replica exchange them: its own pickled, every shard's message received, and unpickled.
-#: Two-shard fits of small composites measured 3 beyond the formula's other terms
-#: (``bench/soak.py``).
-COUPLING_COPIES = 3.0
+#: Two-shard fits in ``bench/soak.py``: with 1 copy, 249 of 266 workers were within 25% of
+#: the plan (small composites up to 1.45x over it), with 3 copies 235 (mixtures down to
+#: 0.63x); 2 sits between.
+COUPLING_COPIES = 2.0
 
 #: With ``M > 1`` the shards of a replica meet once per block, so each waits for the
 #: block's slowest shard: block-to-block jitter that balancing cannot remove. Measured
@@ -309,7 +311,8 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
                      stat=per_shard(facts.stat), data=data, work=per_shard(facts.work),
-                     scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple, split_param=float(facts.param[split].sum()), leaves=leaves)
+                     scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple,
+                     split_param=float(facts.param[split].sum()), leaves=leaves)
 
 
 def block_counts(rows, block_rows: int) -> np.ndarray:

@@ -74,7 +74,8 @@ class ShardVars:
                       name: str):
         """An integer variable ``>= c`` for every unit and internal node evaluated on shard
         ``s`` (their largest ``c`` when minimized; 0 when every ``c`` is 0)."""
-        floor = max((int(c) for i, c in enumerate(internal_coef) if isinstance(self.split[i], int) and self.split[i] == 1), default=0)
+        always = [int(c) for i, c in enumerate(internal_coef) if isinstance(self.split[i], int) and self.split[i] == 1]
+        floor = max(always, default=0)  # the root, split on every shard when M > 1
         top = max(floor, int(max(unit_coef, default=0)), int(max(internal_coef, default=0)))
         if top == floor:
             return floor
