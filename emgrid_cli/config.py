@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models.errors import ConfigError
 
@@ -81,6 +81,16 @@ class ResourcesSection(_Strict):
 class ExecutorSection(_Strict):
     kind: Literal["local", "multiprocessing", "mpi"] = "local"
     processes: int | None = Field(default=None, ge=1)
+    #: seconds a worker may take to reach the end of an iteration before the fit stops
+    #: naming it (multiprocessing and mpi; none by default)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _timeout_needs_workers(self):
+        if self.timeout_s is not None and self.kind == "local":
+            raise ValueError(f"timeout_s={self.timeout_s} applies to the multiprocessing and mpi executors, "
+                             "not local (which has no worker processes to wait for)")
+        return self
 
 
 class FitSection(_Strict):

@@ -160,6 +160,7 @@ def _rank() -> int:
 
 
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -> int:
+    from executors import get as get_executor
     from executors import optimize
     from models.errors import FitError
 
@@ -197,8 +198,9 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     t0 = time.perf_counter()
     try:
         if remaining > 0:
-            result = optimize(data, model, plan=plan, executor=cfg.executor.kind, max_iter=remaining,
-                              tol=cfg.fit.tol, callback=callback)
+            limit = {} if cfg.executor.timeout_s is None else {"timeout_s": cfg.executor.timeout_s}
+            result = optimize(data, model, plan=plan, executor=get_executor(cfg.executor.kind, **limit),
+                              max_iter=remaining, tol=cfg.fit.tol, callback=callback)
         else:
             result = None
     except KeyboardInterrupt:

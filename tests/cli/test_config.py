@@ -53,9 +53,11 @@ def test_good_config_loads(tmp_path):
         (GOOD.replace("[data]\nsynthetic = 100", "[data]"), ["[data]", "exactly one"]),
         (GOOD.replace("[model]\n", "[modle]\n"), ["modle"]),
         ("this is = = not toml", ["not valid TOML"]),
+        (GOOD.replace('kind = "local"', 'kind = "local"\ntimeout_s = 5'), ["timeout_s=5", "not local"]),
+        (GOOD.replace('kind = "local"', 'kind = "mpi"\ntimeout_s = 0'), ["executor.timeout_s", "0"]),
     ],
     ids=["unknown-key", "bad-executor", "memory-unparsable", "memory-negative", "zero-workers",
-         "wrong-type", "no-data-source", "misspelt-section", "not-toml"],
+         "wrong-type", "no-data-source", "misspelt-section", "not-toml", "timeout-on-local", "timeout-zero"],
 )
 def test_bad_config_names_the_problem(tmp_path, text, words):
     with pytest.raises(ConfigError) as e:

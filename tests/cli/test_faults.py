@@ -75,6 +75,20 @@ def test_a_killed_worker_fails_the_fit_with_one_line_and_resume_finishes(tmp_pat
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(ll, ll[1:]))
 
 
+def test_a_hung_worker_fails_the_fit_within_the_configured_timeout(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG.replace('kind = "multiprocessing"', 'kind = "multiprocessing"\ntimeout_s = 3'))
+    # the worker sleeps a minute in iteration 3; the fit must stop after about 3 s, not hang
+    r = emgrid("fit", cfg, "--quiet", cwd=tmp_path, fault="hang:worker=0:iteration=3:seconds=60", timeout=45)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("emgrid:")]
+    assert len(lines) == 1, r.stderr
+    assert re.match(r"emgrid: fit failed: no answer within 3 s in iteration 3 from worker '\w+' \(replica 0, shard 0, "
+                    r"pid \d+\); the checkpoint of iteration 2 is in .*out: continue with --resume$", lines[0]), lines[0]
+    iteration, _, trace = read_checkpoint(tmp_path / "out")
+    assert iteration == 2 and len(trace) == 2
+
+
 needs_mpiexec = pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
                                    reason="no mpiexec next to python")
 # a fast network, so the plan uses both ranks: rank 1 is worker 'w1', the second replica or the
