@@ -85,6 +85,11 @@ class PlacedCost:
     data_bytes_per_row: float  # per root row
     work_bytes_per_row: float  # per root row, kept through the block's passes (they add)
     scratch_bytes_per_row: float  # per root row, while the node computes (the largest counts)
+    #: the same two when the node is split across shards: a split node does not batch its
+    #: children, which then run alone on their shards; it is charged their kept arrays and
+    #: their largest scratch instead of the batch's block
+    split_work_bytes_per_row: float
+    split_scratch_bytes_per_row: float
     calls_per_block: float  # per block, whatever its rows
     owned_root_coupling_bytes_per_row: float  # shipped per root row when this node is an owned root
 
@@ -139,8 +144,14 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
         if batch is not None:
             flops += batch.block_flops
             work, scratch = work + batch.kept_bytes, max(scratch, batch.scratch_bytes)
+        split_work, split_scratch = work, scratch
+        if batch is not None:  # split: no block; the children alone (per row of this node)
+            alone = [(ch.cost(), node.child_rows(i)) for i, ch in enumerate(node.children)]
+            split_work = work - batch.kept_bytes + sum(cc.work_bytes_per_row * r for cc, r in alone)
+            split_scratch = max([c.scratch_bytes_per_row] + [cc.scratch_bytes_per_row * r for cc, r in alone])
         if not path:
             work += ROW_WEIGHT_BYTES
+            split_work += ROW_WEIGHT_BYTES
         out.append(
             PlacedCost(
                 path=path,
@@ -155,6 +166,8 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 data_bytes_per_row=c.data_bytes_per_row * mult,
                 work_bytes_per_row=work * mult,
                 scratch_bytes_per_row=scratch * mult,
+                split_work_bytes_per_row=split_work * mult,
+                split_scratch_bytes_per_row=split_scratch * mult,
                 calls_per_block=c.calls_per_block,
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )

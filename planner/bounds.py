@@ -65,7 +65,7 @@ class Bounds:
         fixed = fixed_bytes(facts.param, facts.stat)
         zeros = np.zeros(facts.n_nodes)
         pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
-        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work, zeros])
+        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_split, zeros])
         table = min_cuts(facts, max_shards, pieces, splits)
         self.split = {f: table[i] for i, f in enumerate(SPLIT_FIELDS)}
         self.c_min = table[-1]
@@ -80,7 +80,9 @@ class Bounds:
         self.mstep = mstep_s(facts)
         self.fixed = float(fixed.sum())
         self.data_row = float(facts.group_data.sum())
-        self.work_row = float(facts.work.sum() + facts.scratch.max())  # some worker computes the largest scratch
+        # some worker computes the largest scratch; a split node may hold less than whole
+        self.work_row = float(np.minimum(facts.work, facts.work_split).sum()
+                              + np.minimum(facts.scratch, facts.scratch_split).max())
         lv = facts.leaf_nodes
         self.leaf_fixed = fixed[lv]
         self.leaf_data = facts.data[lv]

@@ -251,11 +251,14 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
             def need(cost):
                 return cost["work"] * b + fixed_bytes(cost["param"], cost["stat"])
 
-            uc = np.array([min(top, sc.bytes_up(x)) for x in need(ut.unit_cost)])
-            ic = np.array([min(top, sc.bytes_up(x)) for x in need(ut.internal_cost)])
-            expr = v.evaluated_sum(uc, ic, s) + v.evaluated_max(
-                model, np.array([min(top, sc.bytes_up(x * b)) for x in ut.unit_cost["scratch"]]),
-                np.array([min(top, sc.bytes_up(x * b)) for x in ut.internal_cost["scratch"]]), s, f"scratch[{s},{n}]")
+            def coefs(values):
+                return np.array([min(top, sc.bytes_up(x)) for x in values])
+
+            ic = ut.internal_cost
+            split_need = ic["work_split"] * b + fixed_bytes(ic["param"], ic["stat"])
+            expr = v.evaluated_sum(coefs(need(ut.unit_cost)), coefs(need(ic)), s, coefs(split_need)) + v.evaluated_max(
+                model, coefs(ut.unit_cost["scratch"] * b), coefs(ic["scratch"] * b), s, f"scratch[{s},{n}]",
+                coefs(ic["scratch_split"] * b))
             for per_row, lits in column_terms:
                 c = min(top, sc.bytes_up(per_row * n))
                 expr = expr + sum(c * lit for lit in lits)

@@ -123,6 +123,8 @@ class ModelFacts:
     data: np.ndarray  # bytes per root row
     work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
     scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
+    work_split: np.ndarray  # ``work`` and ``scratch`` of the node when it is split (see PlacedCost)
+    scratch_split: np.ndarray
     calls: np.ndarray  # Python-level visits per block (whatever its rows)
     couple: np.ndarray  # bytes per root row shipped when the node is an owned root
     data_group: np.ndarray  # data column of every node (nodes reading one column share it)
@@ -208,6 +210,8 @@ def _build_facts(model: Node) -> ModelFacts:
         data=data,
         work=arr("work_bytes_per_row"),
         scratch=arr("scratch_bytes_per_row"),
+        work_split=arr("split_work_bytes_per_row"),
+        scratch_split=arr("split_scratch_bytes_per_row"),
         calls=arr("calls_per_block"),
         couple=arr("owned_root_coupling_bytes_per_row"),
         data_group=data_group,
@@ -285,12 +289,13 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     node_shard = np.where(split, -1, leaf_shard[facts.leaf_lo])
     own = ~split
 
-    def per_shard(x: np.ndarray) -> np.ndarray:
-        return np.bincount(node_shard[own], weights=x[own], minlength=n_shards)[:n_shards] + float(x[split].sum())
+    def per_shard(x: np.ndarray, when_split: np.ndarray | None = None) -> np.ndarray:
+        xs = x if when_split is None else when_split
+        return np.bincount(node_shard[own], weights=x[own], minlength=n_shards)[:n_shards] + float(xs[split].sum())
 
     scratch = np.zeros(n_shards)
     np.maximum.at(scratch, node_shard[own], facts.scratch[own])
-    scratch = np.maximum(scratch, float(facts.scratch[split].max(initial=0.0)))
+    scratch = np.maximum(scratch, float(facts.scratch_split[split].max(initial=0.0)))
     n_groups = len(facts.group_data)
     everywhere = np.zeros(n_groups, dtype=bool)
     everywhere[facts.data_group[split]] = True
@@ -310,7 +315,7 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     bounds = np.searchsorted(leaf_shard[order], np.arange(n_shards + 1))
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
-                     stat=per_shard(facts.stat), data=data, work=per_shard(facts.work),
+                     stat=per_shard(facts.stat), data=data, work=per_shard(facts.work, facts.work_split),
                      scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple,
                      split_param=float(facts.param[split].sum()), leaves=leaves)
 

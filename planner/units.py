@@ -148,7 +148,8 @@ def build_units(facts: ModelFacts, max_units: int) -> UnitTree:
         unit_couple=np.array([float(sum(facts.couple[v] for v in tops)) for tops in pieces]),
         unit_parent=np.array(unit_parent, dtype=np.int64), internal=tuple(expanded),
         internal_parent=np.array(internal_parent, dtype=np.int64),
-        internal_cost={f: getattr(facts, f)[idx] if len(idx) else np.zeros(0) for f in (*COST_FIELDS, "scratch")},
+        internal_cost={f: getattr(facts, f)[idx] if len(idx) else np.zeros(0)
+                       for f in (*COST_FIELDS, "scratch", "work_split", "scratch_split")},
         internal_couple=facts.couple[idx] if len(idx) else np.zeros(0),
         child_units=tuple(tuple(c) for c in child_units), child_internal=tuple(tuple(c) for c in child_internal),
         grouped=any(len(lv) > 1 for lv in unit_leaves), unit_groups=tuple(unit_groups),

@@ -51,8 +51,10 @@ class ShardVars:
                 row.append(c)
             self.count.append(row)
 
-    def evaluated_sum(self, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int):
-        """``sum_u c_u x[u][s] + sum_i c_i (own[i][s] + split[i])`` with integer coefficients."""
+    def evaluated_sum(self, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int,
+                      split_coef: np.ndarray | None = None):
+        """``sum_u c_u x[u][s] + sum_i (c_i own[i][s] + c'_i split[i])`` with integer
+        coefficients (``c' = split_coef``, default ``c``)."""
         terms, coefs = [], []
         const = 0
         grouped = set()
@@ -67,27 +69,30 @@ class ShardVars:
             if c and u not in grouped:
                 terms.append(self.x[u][s])
                 coefs.append(int(c))
-        pairs = [(var, c) for i, c in enumerate(internal_coef) if c for var in (self.own[i][s], self.split[i])]
+        split_coef = internal_coef if split_coef is None else split_coef
+        pairs = [(self.own[i][s], c) for i, c in enumerate(internal_coef) if c]
+        pairs += [(self.split[i], c) for i, c in enumerate(split_coef) if c]
         return cp_model.LinearExpr.weighted_sum(terms, coefs) + const + _linear(pairs)
 
     def evaluated_max(self, model: cp_model.CpModel, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int,
-                      name: str):
+                      name: str, split_coef: np.ndarray | None = None):
         """An integer variable ``>= c`` for every unit and internal node evaluated on shard
-        ``s`` (their largest ``c`` when minimized; 0 when every ``c`` is 0)."""
-        always = [int(c) for i, c in enumerate(internal_coef) if isinstance(self.split[i], int) and self.split[i] == 1]
+        ``s`` (``split_coef`` for a split internal node, default ``internal_coef``): their
+        largest ``c`` when minimized; 0 when every ``c`` is 0."""
+        split_coef = internal_coef if split_coef is None else split_coef
+        always = [int(c) for i, c in enumerate(split_coef) if isinstance(self.split[i], int) and self.split[i] == 1]
         floor = max(always, default=0)  # the root, split on every shard when M > 1
-        top = max(floor, int(max(unit_coef, default=0)), int(max(internal_coef, default=0)))
+        top = max(floor, int(max(unit_coef, default=0)), int(max(internal_coef, default=0)),
+                  int(max(split_coef, default=0)))
         if top == floor:
             return floor
         t = model.new_int_var(floor, top, name)
-        for u, c in enumerate(unit_coef):
-            if c > floor:
-                model.add(t >= int(c)).only_enforce_if(self.x[u][s])
-        for i, c in enumerate(internal_coef):
-            if c > floor:
-                for lit in (self.own[i][s], self.split[i]):
-                    if not isinstance(lit, int):
-                        model.add(t >= int(c)).only_enforce_if(lit)
+        lits = [(self.x[u][s], c) for u, c in enumerate(unit_coef)]
+        lits += [(self.own[i][s], c) for i, c in enumerate(internal_coef)]
+        lits += [(self.split[i], c) for i, c in enumerate(split_coef)]
+        for lit, c in lits:
+            if c > floor and not isinstance(lit, int):
+                model.add(t >= int(c)).only_enforce_if(lit)
         return t
 
     def split_sum(self, coef: np.ndarray):

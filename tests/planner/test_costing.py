@@ -33,11 +33,20 @@ def test_shard_sums_follow_the_models_split_and_coupling_rules(model, m, rnd):
     assert {facts.paths[i] for i in np.flatnonzero(sums.split)} == split_nodes(model, shard)
     assert sums.coupling_bytes_per_row == pytest.approx(coupling_bytes_per_row(model, shard))
     costs = {c.path: c for c in tree_costs(model)}
+    split = split_nodes(model, shard)
+
+    def work(p):  # a split node holds what it holds when split (no batched block)
+        return costs[p].split_work_bytes_per_row if p in split else costs[p].work_bytes_per_row
+
+    def scratch(p):
+        return costs[p].split_scratch_bytes_per_row if p in split else costs[p].scratch_bytes_per_row
+
     for s in range(m):
         ev = _evaluated(model, shard, s)
         assert sums.flops[s] == pytest.approx(sum(costs[p].flops_per_row for p in ev))
         assert sums.param[s] == pytest.approx(sum(costs[p].param_bytes for p in ev))
-        assert sums.work[s] == pytest.approx(sum(costs[p].work_bytes_per_row for p in ev))
+        assert sums.work[s] == pytest.approx(sum(work(p) for p in ev))
+        assert sums.scratch[s] == pytest.approx(max((scratch(p) for p in ev), default=0.0))
 
 
 def test_mixture_components_share_one_data_column():

@@ -1,0 +1,70 @@
+"""The plan's per-shard working memory against numpy's traced allocations while one worker
+runs one block of a model-parallel plan: its owned subtrees upward, the exchange of their
+log densities (pickled both ways, as the executors move them), the split nodes, and its
+leaves' statistics. The whole-model case is in ``tests/models/test_costs.py``."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tracemalloc
+
+import numpy as np
+from hypothesis import assume, given, note
+from hypothesis import strategies as st
+
+from models.cost import owned_roots
+from models.data import n_rows, take_rows
+from models.engine import shard_down, shard_up
+from planner.costing import COUPLING_COPIES, leaf_shard_array, model_facts, shard_sums
+from tests import strategies as S
+from tests.models.test_costs import FIXED_BLOCK_BYTES
+
+
+def traced_shard_block(model, data, roots: dict[str, int], shard: int) -> int:
+    n = n_rows(data)
+    mine_roots = [r for r, s in roots.items() if s == shard]
+    # what the other shards send: their owned roots' log densities (computed outside the trace)
+    others = shard_up(model, take_rows(data, 0, n), [r for r, s in roots.items() if s != shard])[1]
+
+    def run():
+        block, w = take_rows(data, 0, n), np.ones(n)
+        cache, mine = shard_up(model, block, mine_roots)
+        sent = pickle.dumps(mine)
+        received = pickle.dumps(others)  # what the other shards' messages bring
+        every = dict(mine)
+        every.update(pickle.loads(received))
+        del sent, received
+        return shard_down(model, block, w, mine_roots, cache, every, shard == 0)
+
+    run()  # caches warm
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = run()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del out
+    return peak
+
+
+@given(m=S.models(), seed=S.seeds(), split=st.randoms(use_true_random=False))
+def test_a_model_parallel_block_holds_what_the_plan_predicts(m, seed, split):
+    leaves = [p for p, _ in m.leaves()]
+    assume(len(leaves) >= 2)
+    shard_of = {p: split.randrange(2) for p in leaves}
+    assume(len(set(shard_of.values())) == 2)
+    note(json.dumps(m.to_spec()))
+    note(repr(shard_of))
+    n = 2000
+    data = m.prepare(m.sample(n, np.random.default_rng(seed)))
+    facts = model_facts(m)
+    sums = shard_sums(facts, leaf_shard_array(facts, shard_of), 2)
+    roots = owned_roots(m, shard_of)
+    for s in (0, 1):
+        predicted = (sums.work[s] + sums.scratch[s] + COUPLING_COPIES * sums.coupling_bytes_per_row) * n
+        traced = traced_shard_block(m, data, roots, s)
+        note(f"shard {s}: predicted {predicted:.0f} traced {traced}")
+        assert traced <= 1.25 * predicted + FIXED_BLOCK_BYTES
+        assert traced >= 0.3 * predicted - FIXED_BLOCK_BYTES
