@@ -113,14 +113,22 @@ def batch_cost(node: "Node") -> BatchCost | None:
     children have no scratch of their own, and where the parent adds its per-child log
     offsets in the kernel (a mixture), the kernel's output becomes the parent's own
     responsibilities, so the children keep no log densities either."""
+    return _per_node_row(node, _child_batch_cost(node))
+
+
+def _per_node_row(node: "Node", b: BatchCost | None) -> BatchCost | None:
+    """A batch cost per child row rescaled to the node's rows (an HMM's: its positions)."""
+    return None if b is None else BatchCost(*(x * node.child_rows(0) for x in b))
+
+
+def _child_batch_cost(node: "Node") -> BatchCost | None:
+    """:func:`batch_cost` per row of the children's data."""
     from .base import batch_class
 
     cls = batch_class(node)
     if cls is None or getattr(cls, "_batch_cost", None) is None:
         return None
-    b = cls._batch_cost(node.children)
-    rows = node.child_rows(0)  # the children's rows per row of the node (an HMM's positions)
-    return BatchCost(*(x * rows for x in b))
+    return cls._batch_cost(node.children)
 
 
 def block_bytes_per_row(costs: list[PlacedCost]) -> float:
@@ -140,15 +148,15 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
         flops, work, scratch = c.flops_per_row, c.work_bytes_per_row, c.scratch_bytes_per_row
         if batched is not None:  # per row of this node: the parent's rows times child_rows
             flops, work, scratch = batched.component_flops, (0.0 if shifted else work), 0.0
-        batch = batch_cost(node)
-        if batch is not None:
+        child = _child_batch_cost(node)
+        batch = _per_node_row(node, child)
+        split_work, split_scratch = work, scratch
+        if batch is not None:  # whole: the block; split: no block, the children run alone
+            alone = [(ch.cost(), node.child_rows(i)) for i, ch in enumerate(node.children)]
+            split_work = work + sum(cc.work_bytes_per_row * r for cc, r in alone)
+            split_scratch = max([scratch] + [cc.scratch_bytes_per_row * r for cc, r in alone])
             flops += batch.block_flops
             work, scratch = work + batch.kept_bytes, max(scratch, batch.scratch_bytes)
-        split_work, split_scratch = work, scratch
-        if batch is not None:  # split: no block; the children alone (per row of this node)
-            alone = [(ch.cost(), node.child_rows(i)) for i, ch in enumerate(node.children)]
-            split_work = work - batch.kept_bytes + sum(cc.work_bytes_per_row * r for cc, r in alone)
-            split_scratch = max([c.scratch_bytes_per_row] + [cc.scratch_bytes_per_row * r for cc, r in alone])
         if not path:
             work += ROW_WEIGHT_BYTES
             split_work += ROW_WEIGHT_BYTES
@@ -172,7 +180,6 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )
-        child = None if batch is None else type(node.children[0])._batch_cost(node.children)
         shifted_children = child is not None and getattr(node, "_child_log_offsets", None) is not None
         for i, ch in enumerate(node.children):
             walk(ch, child_path(path, i), mult * node.child_rows(i), child, shifted_children)

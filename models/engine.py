@@ -26,9 +26,9 @@ from .stats import Stats
 
 #: Working-array budget of one row block (``cost.block_bytes_per_row``). It gives blocks of
 #: 3,000-20,000 rows for mixtures of 8-16 diagonal or full Gaussians of dimension 8-24 and
-#: for HMMs of 4 states over 10 positions; each ran within 10% of its fastest block size on
-#: a 2-core machine with 1 MiB of L2 per core and a 32 MiB L3, where an HMM block of 65,536
-#: rows ran 2x slower.
+#: for HMMs of 4 states over 10 positions. On a 2-core machine (2 MiB of L2 per core) an HMM
+#: of 4 states ran fastest near 4,000 rows and 2x slower at 65,536; the mixtures' times
+#: between 4,000 and 16,000 rows differed less than the machine's run-to-run noise (~30%).
 BLOCK_BYTES = 8 * 2**20
 
 # ---------------------------------------------------------------- units of the cost model

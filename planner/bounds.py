@@ -42,16 +42,12 @@ from models.cost import ceil_log2
 
 from models.engine import NODE_CALL_S
 
-from .costing import COUPLING_COPIES, SYNC_WAIT_SHARE, WORKER_BASE_BYTES, ModelFacts, block_counts, fixed_bytes, mstep_s
+from .costing import (COUPLING_COPIES, WORKER_BASE_BYTES, ModelFacts, block_counts, compute_factor, fixed_bytes,
+                      mstep_s)
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
 SPLIT_FIELDS = ("flops", "stat", "param", "fixed", "work")
-
-
-def _wait(m: int) -> float:
-    """The compute term's factor with the shards' per-block wait (``costing.SYNC_WAIT_SHARE``)."""
-    return 1.0 + SYNC_WAIT_SHARE if m > 1 else 1.0
 
 
 class Bounds:
@@ -122,12 +118,12 @@ class Bounds:
         # F + s_min V, V >= the visits of every node once per block of the data
         visits = float(block_counts(n, self.block)) * self.calls * self.speeds[d * m - 1]
         compute = max((n * self._work(m) + visits) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
-        return compute * _wait(m) + self._comm(d, m, rows_max) + self.mstep
+        return compute * compute_factor(m) + self._comm(d, m, rows_max) + self.mstep
 
     def layout_bound(self, m: int, a: np.ndarray, rows) -> float:
         """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica)."""
         compute = max(self._work(m) / float(np.sum(1.0 / a)), float(a.min()) * self.chain_f)
-        return compute * _wait(m) + self._comm(len(rows), m, int(max(rows))) + self.mstep
+        return compute * compute_factor(m) + self._comm(len(rows), m, int(max(rows))) + self.mstep
 
     # ------------------------------------------------------------ memory
     def replica_need(self, rows: int, m: int = 1) -> float:

@@ -19,7 +19,7 @@ from models.cost import ceil_log2
 
 from models.engine import NODE_CALL_S
 
-from .costing import COUPLING_COPIES, SYNC_WAIT_SHARE, WORKER_BASE_BYTES, fixed_bytes
+from .costing import COUPLING_COPIES, WORKER_BASE_BYTES, compute_factor, fixed_bytes
 from .scaling import Scale
 from .units import UnitTree, unit_order, unit_signature
 from .variables import ShardVars
@@ -33,7 +33,6 @@ class Instance:
     d: int
     m: int
     rows: np.ndarray  # per replica
-    a: np.ndarray  # per column: max_r rows_r / speed(r, s)
     #: per column: ``(rows_r / speed(r, s), blocks_r)`` of every replica whose
     #: compute time may be the column's largest (no other has both at least as large)
     compute_pairs: tuple[tuple[tuple[float, float], ...], ...]
@@ -135,11 +134,11 @@ def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     """``T_c >= K(w (rows_r F_v / speed(r, s) + blocks_r K_v c)) e[v][s]`` summed over nodes,
     for every column ``s`` and every replica ``r`` of its ``compute_pairs``: the busiest
     worker (``K_v`` the node's visits per block, ``c = NODE_CALL_S``). With ``M > 1``,
-    ``w = 1 + SYNC_WAIT_SHARE`` carries the coupling term's wait, a share of the compute."""
+    ``w = compute_factor(M)`` carries the coupling term's wait, a share of the compute."""
     ut, sc = inst.ut, inst.scale
     t = model.new_int_var(0, inst.time_cap, "T_compute")
     top = inst.time_cap + 1  # a larger coefficient forbids its variable just the same
-    w = 1.0 + SYNC_WAIT_SHARE if inst.m > 1 else 1.0
+    w = compute_factor(inst.m)
 
     def coef(cost, x, y):
         return np.array([min(top, sc.time_down(w * (x * f + y * NODE_CALL_S * k)))

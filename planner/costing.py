@@ -90,9 +90,9 @@ WORKER_BASE_BYTES = 2**20
 
 #: Copies of a block's exchanged log densities a worker holds while the shards of its
 #: replica exchange them: its own pickled, every shard's message received, and unpickled.
-#: Two-shard fits in ``bench/soak.py``: with 1 copy, 249 of 266 workers were within 25% of
-#: the plan (small composites up to 1.45x over it), with 3 copies 235 (mixtures down to
-#: 0.63x); 2 sits between.
+#: Two-shard fits in ``bench/soak.py``: 249, 250 and 235 of 266 workers within 25% of the
+#: plan with 1, 2 and 3 copies (1: small composites up to 1.45x over it; 3: mixtures down to
+#: 0.63x).
 COUPLING_COPIES = 2.0
 
 #: With ``M > 1`` the shards of a replica meet once per block, so each waits for the
@@ -100,6 +100,11 @@ COUPLING_COPIES = 2.0
 #: beside the predicted exchange: 9-17% of the compute under MPI, 0-12% with pipes
 #: (``bench/scaling.py``, two shards of equal work).
 SYNC_WAIT_SHARE = 0.1
+
+
+def compute_factor(m: int) -> float:
+    """The compute term times this is compute plus the shards' per-block wait (M > 1)."""
+    return 1.0 + SYNC_WAIT_SHARE if m > 1 else 1.0
 
 
 def fixed_bytes(param, stat):
@@ -432,7 +437,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     if m > 1:
         lm = ceil_log2(m)
         coupling = max(math.ceil(n / facts.block_rows) * lm * lat + n * couple * (m - 1) / m / bw
-                       for n in (int(x) for x in rows)) + SYNC_WAIT_SHARE * compute
+                       for n in (int(x) for x in rows)) + (compute_factor(m) - 1.0) * compute
     ld = ceil_log2(d)
     reduce_s = ld * (lat + float(sums.stat.max()) / bw) if ld else 0.0
     broadcast = ld * (lat + float(sums.param.max()) / bw) if ld else 0.0

@@ -26,7 +26,6 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
     ws = resources.workers
     speed = np.array([w.flops_per_s for w in ws])[g]
     rows = np.asarray(rows, dtype=np.int64)
-    a = (rows[:, None] / speed).max(axis=0)
     blocks = block_counts(rows, block_rows)
     compute_pairs = []
     for s in range(g.shape[1]):
@@ -50,7 +49,7 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
     for s in range(g.shape[1]):
         profiles.setdefault(tuple((ws[w].flops_per_s, ws[w].memory_bytes) for w in g[:, s]), []).append(s)
     net = resources.network
-    return Instance(ut=ut, d=g.shape[0], m=g.shape[1], rows=rows, a=a, compute_pairs=tuple(compute_pairs),
+    return Instance(ut=ut, d=g.shape[0], m=g.shape[1], rows=rows, compute_pairs=tuple(compute_pairs),
                     mem_rows=tuple(mem_rows),
                     classes=tuple(tuple(c) for c in profiles.values()), latency_s=net.latency_s,
                     bytes_per_s=net.bytes_per_s, block_rows=block_rows, scale=scale,
