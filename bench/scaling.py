@@ -51,8 +51,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from executors import NpyDataset, optimize  # noqa: E402
-from models import Composite, FullGaussian, Gaussian, Mixture  # noqa: E402
+from models import Composite, DiagGaussian, FullGaussian, Gaussian, Mixture  # noqa: E402
 from planner import Network, Resources, plan_from_assignment  # noqa: E402
+from planner.costing import model_facts  # noqa: E402
 from planner.plan import BalancePlan  # noqa: E402
 from planner.resources import DEFAULT_FLOPS_PER_S, PIPES, SHARED_MEMORY_MPI  # noqa: E402
 
@@ -331,9 +332,11 @@ def distribution_rule(out: dict) -> str:
     lines = [f"Per-iteration fixed cost of `local` is {local * 1e6:.0f} us."] + parts
     if parts:
         need = 2.0 * max(0.0, ov.get("mpi 2x1", ov["multiprocessing 2x1"])["iteration_s"] - local)
+        example = Mixture([DiagGaussian(np.zeros(16), np.ones(16)) for _ in range(16)], np.full(16, 1 / 16))
+        per_row = float(model_facts(example).flops.sum())
         lines.append(f"At {rate:.3g} FLOP/s per core that is N * flops_per_row above about {need * rate:.3g} "
-                     f"FLOPs per iteration: e.g. a diagonal Gaussian mixture (K=16, d=16, ~2.3e3 FLOPs/row) "
-                     f"needs N above ~{need * rate / 2.3e3:.2g} rows.")
+                     f"FLOPs per iteration: e.g. a diagonal Gaussian mixture (K=16, d=16, {per_row:.3g} FLOPs/row "
+                     f"in the cost model) needs N above ~{need * rate / per_row:.2g} rows.")
     return "\n".join(lines)
 
 

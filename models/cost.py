@@ -97,12 +97,16 @@ class PlacedCost:
 class BatchCost(NamedTuple):
     """Per row of the children's data, what one batched kernel over sibling leaves costs:
     the shared block (built once: its FLOPs, its bytes kept through both passes), each
-    component's FLOPs, and the kernel's scratch."""
+    component's FLOPs, and the kernel's scratch. Its interpreter time per block, in node
+    visits (``calls_per_block``): the kernel's own (building the block, the two products)
+    and each component's (its slice of the statistics), far less than a lone leaf's visit."""
 
     block_flops: float
     component_flops: float
     kept_bytes: float
     scratch_bytes: float
+    block_calls: float = 0.0
+    component_calls: float = 0.0
 
 
 def batch_cost(node: "Node") -> BatchCost | None:
@@ -118,7 +122,11 @@ def batch_cost(node: "Node") -> BatchCost | None:
 
 def _per_node_row(node: "Node", b: BatchCost | None) -> BatchCost | None:
     """A batch cost per child row rescaled to the node's rows (an HMM's: its positions)."""
-    return None if b is None else BatchCost(*(x * node.child_rows(0) for x in b))
+    if b is None:
+        return None
+    r = node.child_rows(0)
+    return b._replace(block_flops=b.block_flops * r, component_flops=b.component_flops * r,
+                      kept_bytes=b.kept_bytes * r, scratch_bytes=b.scratch_bytes * r)
 
 
 def _child_batch_cost(node: "Node") -> BatchCost | None:
@@ -146,8 +154,10 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
     def walk(node, path, mult, batched: BatchCost | None = None, shifted=False):
         c = node.cost()
         flops, work, scratch = c.flops_per_row, c.work_bytes_per_row, c.scratch_bytes_per_row
+        calls = c.calls_per_block
         if batched is not None:  # per row of this node: the parent's rows times child_rows
             flops, work, scratch = batched.component_flops, (0.0 if shifted else work), 0.0
+            calls = batched.component_calls
         child = _child_batch_cost(node)
         batch = _per_node_row(node, child)
         split_work, split_scratch = work, scratch
@@ -156,6 +166,7 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
             split_work = work + sum(cc.work_bytes_per_row * r for cc, r in alone)
             split_scratch = max([scratch] + [cc.scratch_bytes_per_row * r for cc, r in alone])
             flops += batch.block_flops
+            calls += batch.block_calls
             work, scratch = work + batch.kept_bytes, max(scratch, batch.scratch_bytes)
         if not path:
             work += ROW_WEIGHT_BYTES
@@ -176,7 +187,7 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 scratch_bytes_per_row=scratch * mult,
                 split_work_bytes_per_row=split_work * mult,
                 split_scratch_bytes_per_row=split_scratch * mult,
-                calls_per_block=c.calls_per_block,
+                calls_per_block=calls,
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )

@@ -37,11 +37,21 @@ BLOCK_BYTES = 8 * 2**20
 # reduction or a copy). Work of other kinds is weighted by its time relative to that on the
 # reference machine (one core, OpenBLAS); ``bench/cost_model.py`` fits the rate of the unit
 # and checks that one rate predicts every family's measured time within 3x.
-#: per FLOP of a matrix or matrix-vector product (2 per multiply-add);
+#: per FLOP of a matrix or matrix-vector product (2 per multiply-add) with a short inner
+#: dimension or few output rows (a vector's ``d x d`` whitening, an HMM's ``K x K`` step);
 MATMUL_FLOPS = 0.1
-#: per element of an exp or log, a gather, scatter or bincount through an index array, a
-#: broadcast over short rows, or a transposing copy;
+#: per FLOP of a wide product: a batched kernel's parameter matrix (one row per component)
+#: times its block of features (an inner dimension of ``2d + 1`` or ``d (d + 3) / 2 + 1``).
+#: BLAS keeps these in registers; mixtures of 1-32 Gaussians (d = 8, 16) added 0.04 per
+#: FLOP with each component beyond the few whose products are bound by reading the block;
+GEMM_FLOPS = 0.04
+#: per element of a gather, scatter or bincount through an index array, a broadcast over
+#: short rows, a transposing copy, or an exp or log entangled with them;
 SLOW_FLOPS = 3.2
+#: per element of an exp or log over a whole contiguous array, or of a transposing copy of
+#: one (numpy's vectorized loops: 0.8, 1.0 and 0.7-1.0 ns per element beside 0.58 for an
+#: add, on (4-32, 8000) arrays, one core);
+VECTOR_FLOPS = 1.5
 #: per element of a running sum (``cumsum``: a chain of dependent adds);
 SCAN_FLOPS = 10.0
 #: per row gathered from or scattered to scattered positions (a cache miss; at 100 the HMM

@@ -29,7 +29,7 @@ import numpy as np
 from .base import Leaf, as_float_array, check_positive, float_column, spec_field
 from .cost import BatchCost, NodeCost, stat_bytes
 from .data import Ragged
-from .engine import MATMUL_FLOPS, SLOW_FLOPS
+from .engine import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, VAR_FLOOR
 
@@ -48,6 +48,17 @@ EXPANDED_MAX_ERROR = 1e-9
 #: Largest dimension for which ``FullGaussian``'s batched kernels build the quadratic
 #: feature block (``8 * d(d+1)/2`` bytes per row); above it they work per component.
 FEATURE_MAX_DIM = 32
+
+# Interpreter time of the batched kernels per block, in node visits (``engine.NODE_CALL_S``
+# each), from mixtures of 1-32 components on 64-row blocks (d = 8, 16; medians of 200):
+#: the diagonal kernel's block (2.4) and each component's slice of the statistics (0.16);
+DIAG_KERNEL_CALLS = 2.4
+DIAG_COMPONENT_CALLS = 0.16
+#: the full kernel's block (4.1, plus 0.22 per dimension: the feature block's products are
+#: built one row of ``xc_i xc_j`` at a time) and each component's moments (0.3).
+FULL_KERNEL_CALLS = 4.1
+FEATURE_CALLS_PER_DIM = 0.22
+FULL_COMPONENT_CALLS = 0.3
 
 #: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
 #: go with the model): ``{leaves[0]: (weak references to the leaves, value)}``.
@@ -328,8 +339,9 @@ class DiagGaussian(Leaf):
         component's rows of ``P @ F`` and ``W @ F'`` (``2 (2d + 1)`` FLOPs each); no scratch
         beyond the parent's."""
         d = leaves[0].dim
-        return BatchCost(block_flops=d * SLOW_FLOPS + 3 * d + 1, component_flops=(8.0 * d + 4) * MATMUL_FLOPS,
-                         kept_bytes=8.0 * (2 * d + 1), scratch_bytes=0.0)
+        return BatchCost(block_flops=d * SLOW_FLOPS + 3 * d + 1, component_flops=(8.0 * d + 4) * GEMM_FLOPS,
+                         kept_bytes=8.0 * (2 * d + 1), scratch_bytes=0.0, block_calls=DIAG_KERNEL_CALLS,
+                         component_calls=DIAG_COMPONENT_CALLS)
 
     @classmethod
     def _batch_prepare(cls, leaves, x):
@@ -588,9 +600,11 @@ class FullGaussian(Leaf):
             nf = d + 1 + d * (d + 1) // 2
             # each of the two products reads the whole block: with few components that read,
             # not their FLOPs, bounds it (a pass over nf elements per row)
-            floor = 2.0 * nf * max(0.0, 1.0 - 2.0 * k * MATMUL_FLOPS)
+            floor = 2.0 * nf * max(0.0, 1.0 - 2.0 * k * GEMM_FLOPS)
             return BatchCost(block_flops=d * SLOW_FLOPS + nf + 2 * d + floor,
-                             component_flops=4.0 * nf * MATMUL_FLOPS + SLOW_FLOPS, kept_bytes=8.0 * nf,
-                             scratch_bytes=8.0 * k)
+                             component_flops=4.0 * nf * GEMM_FLOPS + VECTOR_FLOPS, kept_bytes=8.0 * nf,
+                             scratch_bytes=8.0 * k, block_calls=FULL_KERNEL_CALLS + FEATURE_CALLS_PER_DIM * d,
+                             component_calls=FULL_COMPONENT_CALLS)
         return BatchCost(block_flops=d * SLOW_FLOPS + 1, component_flops=(4.0 * d * d + 4.0 * d) * MATMUL_FLOPS + 3 * d,
-                         kept_bytes=8.0 * (d + 1), scratch_bytes=8.0 * d)
+                         kept_bytes=8.0 * (d + 1), scratch_bytes=8.0 * d, block_calls=FULL_KERNEL_CALLS,
+                         component_calls=FULL_COMPONENT_CALLS)

@@ -8,7 +8,7 @@ from .base import Internal, Node, as_float_array, check_probs, prepare_by_any, s
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import concat_rows, take_index
-from .engine import MATMUL_FLOPS, SLOW_FLOPS
+from .engine import MATMUL_FLOPS, VECTOR_FLOPS
 from .errors import ModelError
 from .floors import LOG_CLAMP, MIN_WEIGHT
 
@@ -145,7 +145,7 @@ class Mixture(Internal):
         # combine: max, subtract, min (3 K passes), exp (K), sum (a product), log, 3 passes of
         # n; split: scale (K), count (a product), 3 passes of n. (The log weights are added in
         # the batched kernels' products, or in one more K pass.)
-        flops = 4 * k + 6 + 4 * k * MATMUL_FLOPS + (k + 1) * SLOW_FLOPS
+        flops = 4 * k + 6 + 4 * k * MATMUL_FLOPS + (k + 1) * VECTOR_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
                         data_bytes_per_row=0.0, coupling_bytes_per_row=8.0 * k, work_bytes_per_row=8.0 * k + 16,
                         scratch_bytes_per_row=16.0)

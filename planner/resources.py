@@ -38,9 +38,13 @@ class Network(BaseModel):
 #: Worker processes of one machine joined by pipes (``multiprocessing``): a pickled message
 #: and its wake-up cost about 200 us.
 PIPES = Network(latency_s=200e-6, bytes_per_s=4e9)
-#: MPI ranks of one machine (mpi4py's pickled collectives over shared memory): a broadcast,
-#: gather and allgather of small objects between two ranks took 16, 39 and 32 us (median).
-SHARED_MEMORY_MPI = Network(latency_s=30e-6, bytes_per_s=5e9)
+#: MPI ranks of one machine (mpi4py's pickled collectives over shared memory). In a tight
+#: loop a broadcast, gather and allgather of small objects between two ranks took 16, 39
+#: and 32 us (median), but inside the EM loop, where the ranks arrive out of step, a tiny
+#: model's gather and broadcast took 220-350 us together per iteration, waits included
+#: (``bench/scaling.py``, four runs). 80 us a collective puts the predicted iteration of
+#: those runs at 0.8-1.3x the measured one (30 us: 1.2-1.8x too fast).
+SHARED_MEMORY_MPI = Network(latency_s=80e-6, bytes_per_s=5e9)
 
 
 class Resources(BaseModel):
