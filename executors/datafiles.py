@@ -73,6 +73,45 @@ class NpyDataset:
 
         return get(self.layout)
 
+    def open_rows(self, start: int, stop: int) -> Data:
+        """Rows ``start:stop`` of every column, each file mapped over just their bytes (a
+        sequence's offsets first, then the values they span). Mapping the whole file and
+        slicing it measured 0.2x the rows' bytes more resident memory for a worker whose rows
+        start mid-file: the kernel maps file pages around each fault, and those around the
+        first rows lie outside the worker's range."""
+        if not 0 <= start <= stop <= self.n_rows:
+            raise DataError(f"rows {start}:{stop} are outside the dataset's {self.n_rows} rows")
+
+        def get(node, a, b):
+            kind = node["kind"]
+            if kind == "none":
+                return None
+            if kind == "tuple":
+                return tuple(get(c, a, b) for c in node["items"])
+            if kind == "ragged":
+                offsets = self._load_range(node["offsets"], a, b + 1)
+                lo, hi = int(offsets[0]), int(offsets[-1])
+                return _ragged_unchecked(get(node["values"], lo, hi), offsets - lo)
+            return self._load_range(node["file"], a, b)
+
+        return get(self.layout, start, stop)
+
+    def _load_range(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
+        path = self.directory / name
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+            header = f.tell()
+        if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
+            return np.asarray(self._load(name)[start:stop])
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        rows = (stop - start,) + tuple(shape[1:])
+        if stop == start or row_bytes == 0:
+            return np.empty(rows, dtype=dtype)
+        return np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=header + start * row_bytes, shape=rows))
+
     def _load(self, name: str) -> np.ndarray:
         path = self.directory / name
         try:

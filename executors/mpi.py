@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import ClassVar
 
-from models import Node, take_rows
+from models import Node
 from models.errors import ConfigError, FitError, PlanError
 from planner.plan import BalancePlan
 from planner.resources import Resources
@@ -443,7 +443,7 @@ class MpiGrid:
         spec = comms.spec
         self.step = None
         if spec is not None:
-            self.step = WorkerStep(job.model, spec, take_rows(job.open_data(), spec.start, spec.stop), self.meter)
+            self.step = WorkerStep(job.model, spec, job.open_rows(spec.start, spec.stop), self.meter)
         self.model: Node = job.model
         self.received_s = 0.0  # unpickling the last broadcast model
         self.broadcasts = 0

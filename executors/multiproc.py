@@ -63,7 +63,7 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
     try:
         warm_up(model)
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
-        step = WorkerStep.from_full(model, spec, NpyDataset(directory).open(), meter)
+        step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
         control.send(("ready", None))
         iteration = 0
         while True:

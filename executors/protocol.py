@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Union, runtime_checkable
 
-from models import Node
+from models import Node, take_rows
 from models.data import Data
 from planner.plan import BalancePlan
 from planner.resources import Resources
@@ -32,6 +32,13 @@ class FitJob:
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""
         return self.data.open() if isinstance(self.data, NpyDataset) else self.data
+
+    def open_rows(self, start: int, stop: int) -> Data:
+        """Rows ``start:stop``: views of the arrays in memory, or just their bytes of the
+        files memory-mapped (:meth:`NpyDataset.open_rows`)."""
+        if isinstance(self.data, NpyDataset):
+            return self.data.open_rows(start, stop)
+        return take_rows(self.data, start, stop)
 
 
 @runtime_checkable
