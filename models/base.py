@@ -31,6 +31,9 @@ class Node:
     spec_fields: ClassVar[tuple[str, ...]] = ()
     has_own_stats: ClassVar[bool] = True
     shares_child_data: ClassVar[bool] = False
+    #: its data is a ``Ragged`` of its children's rows, ``mean_length`` of them per row on
+    #: average (a sequence, an HMM)
+    reads_ragged: ClassVar[bool] = False
     children: tuple["Node", ...] = ()
 
     def __init_subclass__(cls, **kw):
@@ -67,6 +70,11 @@ class Node:
     def child_rows(self, i: int) -> float:
         """Rows of child ``i`` per row of this node (mean sequence length for sequences)."""
         return 1.0
+
+    def child_data_shares(self) -> np.ndarray:
+        """For a node whose children read one column (``shares_child_data``): the share of
+        its rows each child generates (a mixture's weights; uniform here)."""
+        return np.full(len(self.children), 1.0 / max(1, len(self.children)))
 
     # ---------------------------------------------------------------- data
     def data_type(self) -> str:

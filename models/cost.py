@@ -120,11 +120,12 @@ def batch_cost(node: "Node") -> BatchCost | None:
     return _per_node_row(node, _child_batch_cost(node))
 
 
-def _per_node_row(node: "Node", b: BatchCost | None) -> BatchCost | None:
-    """A batch cost per child row rescaled to the node's rows (an HMM's: its positions)."""
+def _per_node_row(node: "Node", b: BatchCost | None, rows: float | None = None) -> BatchCost | None:
+    """A batch cost per child row rescaled to the node's rows (an HMM's: its positions,
+    ``rows`` per row, default ``child_rows``)."""
     if b is None:
         return None
-    r = node.child_rows(0)
+    r = node.child_rows(0) if rows is None else rows
     return b._replace(block_flops=b.block_flops * r, component_flops=b.component_flops * r,
                       kept_bytes=b.kept_bytes * r, scratch_bytes=b.scratch_bytes * r)
 
@@ -145,24 +146,90 @@ def block_bytes_per_row(costs: list[PlacedCost]) -> float:
     return sum(c.work_bytes_per_row for c in costs) + max((c.scratch_bytes_per_row for c in costs), default=0.0)
 
 
+# A data profile: the expected rows, per row of a node, at every ragged level of the data
+# it generates: None (a column), a tuple (a composite's fields) or ("ragged", positions,
+# inner profile in the same units).
+def _profile(node: "Node"):
+    kids = [_profile(c) for c in node.children]
+    if node.is_leaf:
+        return None
+    if node.shares_child_data:
+        inner = _mix(kids, node.child_data_shares())
+    else:
+        inner = kids[0] if len(kids) == 1 else tuple(kids)
+    if node.reads_ragged:
+        length = float(node.mean_length)
+        return ("ragged", length, _scale(inner, length))
+    return inner
+
+
+def _scale(p, s: float):
+    if p is None:
+        return None
+    if isinstance(p, tuple) and p and p[0] == "ragged":
+        return ("ragged", p[1] * s, _scale(p[2], s))
+    return tuple(_scale(q, s) for q in p)
+
+
+def _mix(profiles: list, shares) -> object:
+    first = profiles[0]
+    if first is None:
+        return None
+    if first[0] == "ragged":
+        return ("ragged", sum(w * p[1] for p, w in zip(profiles, shares)),
+                _mix([p[2] for p in profiles], shares))
+    return tuple(_mix([p[i] for p in profiles], shares) for i in range(len(first)))
+
+
+def data_lengths(model: "Node") -> dict[str, float]:
+    """The mean length of the sequences every sequence-like node (``reads_ragged``) reads,
+    where it is not its own ``mean_length``: the components of a mixture (the emissions of an
+    HMM) read one column together, which holds every component's rows, so a component
+    whose sequences are shorter than its siblings' reads the weighted mean length of all of
+    them (an HMM's states count alike)."""
+    from .base import child_path
+
+    out: dict[str, float] = {}
+
+    def walk(node, path, p):
+        if node.is_leaf or p is None:
+            return
+        inner = p
+        if node.reads_ragged:
+            length = p[1]
+            if abs(length - float(node.mean_length)) > 1e-9 * max(1.0, length):
+                out[path] = length
+            inner = _scale(p[2], 1.0 / length) if length > 0 else p[2]
+        for i, ch in enumerate(node.children):
+            sub = inner if node.shares_child_data or len(node.children) == 1 else inner[i]
+            walk(ch, child_path(path, i), sub)
+
+    walk(model, "", _profile(model))
+    return out
+
+
 def tree_costs(model: "Node") -> list[PlacedCost]:
-    """Every node's cost per root row, in pre-order."""
+    """Every node's cost per root row, in pre-order, with the sequences as long as the data
+    they read (:func:`data_lengths`)."""
     from .base import child_path
 
     out: list[PlacedCost] = []
+    lengths = data_lengths(model)
 
     def walk(node, path, mult, batched: BatchCost | None = None, shifted=False):
-        c = node.cost()
+        length = lengths.get(path)
+        c = node.cost() if length is None else node.cost(length=length)
+        rows = (lambda i: node.child_rows(i)) if length is None else (lambda i: length)  # noqa: E731
         flops, work, scratch = c.flops_per_row, c.work_bytes_per_row, c.scratch_bytes_per_row
         calls = c.calls_per_block
         if batched is not None:  # per row of this node: the parent's rows times child_rows
             flops, work, scratch = batched.component_flops, (0.0 if shifted else work), 0.0
             calls = batched.component_calls
         child = _child_batch_cost(node)
-        batch = _per_node_row(node, child)
+        batch = _per_node_row(node, child, rows(0))
         split_work, split_scratch = work, scratch
         if batch is not None:  # whole: the block; split: no block, the children run alone
-            alone = [(ch.cost(), node.child_rows(i)) for i, ch in enumerate(node.children)]
+            alone = [(ch.cost(), rows(i)) for i, ch in enumerate(node.children)]
             split_work = work + sum(cc.work_bytes_per_row * r for cc, r in alone)
             split_scratch = max([scratch] + [cc.scratch_bytes_per_row * r for cc, r in alone])
             flops += batch.block_flops
@@ -193,7 +260,7 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
         )
         shifted_children = child is not None and getattr(node, "_child_log_offsets", None) is not None
         for i, ch in enumerate(node.children):
-            walk(ch, child_path(path, i), mult * node.child_rows(i), child, shifted_children)
+            walk(ch, child_path(path, i), mult * rows(i), child, shifted_children)
 
     walk(model, "", 1.0)
     return out

@@ -46,6 +46,7 @@ class HMM(Internal):
     spec_fields = ("emissions", "transitions", "initial", "mean_length")
     has_own_stats = True
     shares_child_data = True
+    reads_ragged = True
 
     def __init__(self, emissions, transitions, initial, mean_length: float = DEFAULT_MEAN_LENGTH):
         emissions = tuple(emissions)
@@ -172,10 +173,11 @@ class HMM(Internal):
             states[idx] = np.minimum((u[:, None] >= cum).sum(axis=1), k - 1)
         return Ragged(sample_by_label(self.children, states, rng), offsets)
 
-    def cost(self):
+    def cost(self, length: float | None = None):
+        """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
         from .engine import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
-        k, L = self.n_states, float(self.mean_length)
+        k, L = self.n_states, float(self.mean_length if length is None else length)
         # Per position, forward and backward: 7 rows of K gathered from or scattered to the
         # scattered positions of one time step (alpha, B twice, beta twice, alpha twice);
         # 17 K + 4 slow elements (those rows' elements, the transposed copy, the max, shift

@@ -110,6 +110,9 @@ class Mixture(Internal):
         ``_combine_shifted``); None when a weight is 0, whose -inf must not enter a product."""
         return self._logw if np.all(np.isfinite(self._logw)) else None
 
+    def child_data_shares(self):
+        return self.weights
+
     def _combine(self, data, child_lds):
         if isinstance(child_lds, np.ndarray):  # a batched kernel's (K, n): add into a fresh array
             A = np.add(child_lds, self._logw[:, None], dtype=np.float64)

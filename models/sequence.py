@@ -57,6 +57,7 @@ class Sequence(Internal):
 
     family = "Sequence"
     spec_fields = ("child", "mean_length")
+    reads_ragged = True
     has_own_stats = True
 
     def __init__(self, child, mean_length: float = DEFAULT_MEAN_LENGTH):
@@ -114,10 +115,11 @@ class Sequence(Internal):
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return Ragged(self.child._sample(int(offsets[-1]), rng), offsets)
 
-    def cost(self):
+    def cost(self, length: float | None = None):
+        """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
         from .engine import MATMUL_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
-        L = float(self.mean_length)
+        L = float(self.mean_length if length is None else length)
         # per position: the running sum of segment_sum, its copy, the weights repeated;
         # per row: two gathers at the offsets, lengths, a difference, a sum, one dot. Kept: the
         # per-position log densities and the block's rebased offsets.

@@ -8,11 +8,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 
 from models import (HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Node, NodeCost,
                     Sequence, Stats, tree_costs)
-from models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_cost, block_bytes_per_row
+from models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_cost, block_bytes_per_row, data_lengths
 from models.data import n_rows, take_rows
 from models.engine import shard_block
 
@@ -53,33 +53,54 @@ def test_stat_bytes_predict_the_pickled_statistics(md):
         assert abs(predicted - actual) <= 0.1 * actual + 256, (path, node.describe(), predicted, actual)
 
 
-def expected_multipliers(node: Node, path: str = "", mult: float = 1.0) -> dict[str, float]:
-    out = {path: mult}
-    below = mult * float(node.mean_length) if isinstance(node, (Sequence, HMM)) else mult
+def sampled_rows(node: Node, data, path: str = "") -> dict[str, int]:
+    """Rows every node of ``node`` reads of ``data``, routed as the engine routes them."""
+    out = {path: n_rows(data)}
     for i, c in enumerate(node.children):
-        out.update(expected_multipliers(c, f"{path}.{i}" if path else str(i), below))
+        out.update(sampled_rows(c, node._child_data(data, i), f"{path}.{i}" if path else str(i)))
     return out
 
 
+@settings(max_examples=15)
+@given(m=S.models(), seed=S.seeds())
+def test_rows_per_root_row_are_the_rows_the_sampled_data_holds(m, seed):
+    """An independent oracle for the multipliers: the model's own samples, counted. Under a
+    mixture every component reads the same column, so a component's sequences hold every
+    component's rows (the weighted mean length), not its own mean length."""
+    note(json.dumps(m.to_spec()))
+    n = 20_000
+    counts = sampled_rows(m, m.prepare(m.sample(n, np.random.default_rng(seed))))
+    for pc in tree_costs(m):
+        assert counts[pc.path] / n == pytest.approx(pc.rows_per_root_row, rel=0.06, abs=0.02), pc.path
+
+
+def test_components_of_a_mixture_read_the_mean_length_of_all_their_rows():
+    short, long = Sequence(Gaussian(0, 1), 2.0), Sequence(Gaussian(0, 1), 8.0)
+    rows = {p.path: p.rows_per_root_row for p in tree_costs(Mixture([short, long], [0.25, 0.75]))}
+    assert rows == {"": 1.0, "0": 1.0, "0.0": 6.5, "1": 1.0, "1.0": 6.5}
+    assert data_lengths(Mixture([short, long], [0.25, 0.75])) == {"0": 6.5, "1": 6.5}
+    assert data_lengths(Mixture([short, short], [0.5, 0.5])) == {}
+
+
 @given(m=S.models())
-def test_tree_costs_scale_rows_under_sequences_by_mean_length(m):
+def test_tree_costs_rescale_every_node_by_its_rows_per_root_row(m):
     note(json.dumps(m.to_spec()))
     placed = tree_costs(m)
-    mult = expected_multipliers(m)
+    lengths = data_lengths(m)
     assert [p.path for p in placed] == [p for p, _ in m.nodes()]
     for pc in placed:
         node = m.node_at(pc.path)
-        own = node.cost()
-        assert pc.rows_per_root_row == pytest.approx(mult[pc.path], rel=1e-12)
-        assert pc.data_bytes_per_row == pytest.approx(own.data_bytes_per_row * mult[pc.path], rel=1e-12)
+        own = node.cost() if pc.path not in lengths else node.cost(length=lengths[pc.path])
+        mult = pc.rows_per_root_row
+        assert pc.data_bytes_per_row == pytest.approx(own.data_bytes_per_row * mult, rel=1e-12)
         parent = m.node_at(pc.path.rsplit(".", 1)[0] if "." in pc.path else "") if pc.path else None
         # a batched kernel and its children: see the traced-memory tests below
         if (parent is None or batch_cost(parent) is None) and batch_cost(node) is None:
-            assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult[pc.path], rel=1e-12)
+            assert pc.flops_per_row == pytest.approx(own.flops_per_row * mult, rel=1e-12)
             weights = ROW_WEIGHT_BYTES if pc.path == "" else 0.0
-            assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult[pc.path] + weights, rel=1e-12)
-            assert pc.scratch_bytes_per_row == pytest.approx(own.scratch_bytes_per_row * mult[pc.path], rel=1e-12)
-        assert pc.owned_root_coupling_bytes_per_row == pytest.approx(COUPLING_BYTES * mult[pc.path], rel=1e-12)
+            assert pc.work_bytes_per_row == pytest.approx(own.work_bytes_per_row * mult + weights, rel=1e-12)
+            assert pc.scratch_bytes_per_row == pytest.approx(own.scratch_bytes_per_row * mult, rel=1e-12)
+        assert pc.owned_root_coupling_bytes_per_row == pytest.approx(COUPLING_BYTES * mult, rel=1e-12)
         assert (pc.param_bytes, pc.stat_bytes, pc.is_leaf) == (own.param_bytes, own.stat_bytes, node.is_leaf)
 
 
