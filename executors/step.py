@@ -29,6 +29,7 @@ from time import perf_counter
 import numpy as np
 
 from models import Composite, Node, Ragged, Stats, owned_roots, take_rows
+from models.cost import split_nodes
 from models.base import child_path
 from models.data import Data, _ragged_unchecked
 from models.engine import block_rows, shard_block, shard_down, shard_up
@@ -58,6 +59,7 @@ class WorkerSpec:
     first_shard: bool  # folds the nodes above the owned roots and counts the log-likelihood
     exchanges: bool  # whether the shards of this replica exchange per block
     index: int = 0  # grid index r * M + s
+    split: tuple[str, ...] = ()  # paths of the split nodes, which every shard evaluates
 
     @property
     def rows(self) -> int:
@@ -67,6 +69,7 @@ class WorkerSpec:
 def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
     """``layout[r][s]``: the spec of every worker of the plan's grid."""
     roots = owned_roots(model, plan.shard_of_leaf())
+    split = tuple(sorted(split_nodes(model, plan.shard_of_leaf())))
     whole = list(roots) == [""]
     names = plan.worker_grid()
     layout = []
@@ -81,7 +84,7 @@ def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
                 active, first = True, s == 0
             row.append(WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop,
                                   leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
-                                  exchanges=not whole, index=r * len(plan.model_cuts) + s))
+                                  exchanges=not whole, index=r * len(plan.model_cuts) + s, split=split))
         layout.append(row)
     return layout
 
@@ -103,28 +106,38 @@ class WorkerShare:
         return pickle.dumps(self.stats, protocol=PROTOCOL)
 
 
-def restrict_columns(model: Node, data: Data, keep: frozenset[str], path: str = "") -> Data:
+def restrict_columns(model: Node, data: Data, keep: frozenset[str], path: str = "",
+                     split: frozenset[str] = frozenset()) -> Data:
     """``data`` with the columns of leaves outside ``keep`` replaced by None.
 
-    The structure is kept whole (tuples, and the offsets of every sequence level), since a
-    shard evaluates the split nodes above its subtrees, and those read offsets wherever they
-    sit. A column that several leaves read (the components of a mixture, the states of an
-    HMM) is kept when any of them is kept.
+    The tuples are kept whole, and the offsets of every sequence level that this shard
+    evaluates: those above a kept leaf and those of the ``split`` nodes, which every shard
+    evaluates whatever leaves it holds (a sequence wholly on other shards loses its
+    offsets too). A column that several leaves read (the components of a mixture, the
+    states of an HMM) is kept when any of them is kept.
     """
     if model.is_leaf:
         return data if path in keep else None
     if isinstance(model, Composite):
-        return tuple(restrict_columns(c, data[i], keep, child_path(path, i)) for i, c in enumerate(model.children))
+        return tuple(restrict_columns(c, data[i], keep, child_path(path, i), split)
+                     for i, c in enumerate(model.children))
     shared = model._child_data(data, 0)
-    parts = [restrict_columns(c, shared, keep, child_path(path, i)) for i, c in enumerate(model.children)]
+    parts = [restrict_columns(c, shared, keep, child_path(path, i), split) for i, c in enumerate(model.children)]
     merged = parts[0]
     for part in parts[1:]:
         merged = _union(merged, part)
     if shared is data:
         return merged
     if isinstance(data, Ragged) and shared is data.values:
-        return _ragged_unchecked(merged, data.offsets)
+        return None if _holds_nothing(merged) and path not in split else _ragged_unchecked(merged, data.offsets)
     raise TypeError(f"{model.family} at {path or '<root>'!r}: cannot tell how its children read its data")
+
+
+def _holds_nothing(data: Data) -> bool:
+    """No column at all: None, or tuples of nothing (a kept sequence holds its offsets)."""
+    if data is None:
+        return True
+    return isinstance(data, tuple) and all(_holds_nothing(d) for d in data)
 
 
 def _union(a: Data, b: Data) -> Data:
@@ -156,7 +169,8 @@ class WorkerStep:
         self.spec = spec
         self.meter = meter if meter is not None else PeakMeter()
         self.faults = faults.from_env(spec.name, spec.index)
-        self.data = restrict_columns(model, replica_data, frozenset(spec.leaves)) if spec.active else None
+        self.data = (restrict_columns(model, replica_data, frozenset(spec.leaves), split=frozenset(spec.split))
+                     if spec.active else None)
 
     @classmethod
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
