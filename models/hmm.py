@@ -173,6 +173,22 @@ class HMM(Internal):
             states[idx] = np.minimum((u[:, None] >= cum).sum(axis=1), k - 1)
         return Ragged(sample_by_label(self.children, states, rng), offsets)
 
+    def child_data_shares(self):
+        """The expected share of positions in each state: ``initial T^t`` averaged over the
+        positions of Poisson(``mean_length``) sequences, as ``sample`` draws them."""
+        from .special import log_factorial
+
+        L = float(self.mean_length)
+        k = np.arange(int(min(100_000, L + 12.0 * math.sqrt(L) + 30)))
+        pmf = np.exp(k * math.log(L) - L - log_factorial(k))
+        survive = np.clip(1.0 - np.cumsum(pmf), 0.0, 1.0)  # P(length > t)
+        p, occupancy = np.asarray(self.initial, dtype=np.float64), np.zeros(self.n_states)
+        for s in survive:
+            occupancy += s * p
+            p = p @ self.transitions
+        total = occupancy.sum()
+        return occupancy / total if total > 0 else np.full(self.n_states, 1.0 / self.n_states)
+
     def cost(self, length: float | None = None):
         """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
         from .engine import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
