@@ -134,7 +134,9 @@ def measure_models(executor: str, scale: float, iterations: int, only: str | Non
             dataset = NpyDataset.write(data, scratch)
             del data
             for grid in grids:
-                plan = balance_plan(model, Resources.uniform(2), n_data=n, grid=grid)
+                # under MPI the rank of cell (0, 0) also coordinates
+                resources = Resources.uniform(2).model_copy(update={"coordinator_in_grid": executor == "mpi"})
+                plan = balance_plan(model, resources, n_data=n, grid=grid)
                 if executor == "mpi":
                     peaks = run_mpi(scratch, model, plan, iterations)
                 else:

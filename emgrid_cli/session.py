@@ -58,6 +58,15 @@ def build_data(cfg: RunConfig, model: Node):
 
 
 def build_resources(cfg: RunConfig):
+    """The config's resources; under the MPI executor the rank of cell (0, 0) also
+    coordinates (``Resources.coordinator_in_grid``), whatever the resources' source."""
+    res = _config_resources(cfg)
+    if cfg.executor.kind == "mpi" and not res.coordinator_in_grid:
+        res = res.model_copy(update={"coordinator_in_grid": True})
+    return res
+
+
+def _config_resources(cfg: RunConfig):
     from planner import Network, Resources
     from planner.resources import DEFAULT_FLOPS_PER_S
 

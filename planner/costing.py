@@ -52,7 +52,8 @@ its rows of data (the leaves' columns and the split nodes' offsets), one block o
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
 largest scratch), two copies of one block's exchanged log densities
 (:data:`COUPLING_COPIES`), three copies of its parameters
-and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`). A worker
+and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`); the worker of cell ``(0, 0)`` adds
+:func:`coordinator_bytes` when it also coordinates (``Resources.coordinator_in_grid``). A worker
 whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
 """
@@ -83,10 +84,11 @@ from .resources import Resources
 PARAM_STAT_COPIES = 3.0
 
 
-#: What a fitting worker holds above its baseline that grows with nothing above: heap
-#: fragmentation of the allocator, messages in flight, Python objects. Measured: 0-4 MiB
-#: (median 0.9 MiB) above the rest of the formula (``bench/memory.py``).
-WORKER_BASE_BYTES = 2**20
+#: What a fitting worker holds above its baseline that grows with nothing above: messages
+#: in flight, Python objects. Least squares over the 266 workers of ``bench/soak.py`` (rows
+#: mapped by range, so the data term is exact): 0.2-0.3 MiB; a tiny worker's rows and block
+#: alone measured within 1% of its RSS (``bench/memory.py``).
+WORKER_BASE_BYTES = 2**18
 
 #: Copies of a block's exchanged log densities a worker holds while the shards of its
 #: replica exchange them: its own pickled, every shard's message received, and unpickled.
@@ -100,6 +102,18 @@ COUPLING_COPIES = 2.0
 #: beside the predicted exchange: 9-17% of the compute under MPI, 0-12% with pipes
 #: (``bench/scaling.py``, two shards of equal work).
 SYNC_WAIT_SHARE = 0.1
+
+
+#: Copies of the whole model's parameters and statistics that the coordinator holds beyond
+#: a worker's when it is a worker too (``Resources.coordinator_in_grid``): the shards'
+#: statistics gathered and merged, the new model and its pickle for the broadcast. Measured
+#: 2.6 on a categorical mixture whose tables dominate (``bench/memory.py --executor mpi``).
+COORDINATOR_COPIES = 2.5
+
+
+def coordinator_bytes(facts: "ModelFacts") -> float:
+    """What the coordinator holds beyond its worker's share (:data:`COORDINATOR_COPIES`)."""
+    return COORDINATOR_COPIES * float(facts.param.sum() + facts.stat.sum())
 
 
 def compute_factor(m: int) -> float:
@@ -423,6 +437,8 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     memory = (sums.data[None, :] * rows_f[:, None]
               + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
               + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
+    if resources.coordinator_in_grid:
+        memory[0, 0] += coordinator_bytes(facts)
     limit = memories[grid]
     known = np.isfinite(limit)
     if np.any(np.ceil(memory[known]) > limit[known]):

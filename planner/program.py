@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass
 
@@ -20,8 +22,9 @@ from .variables import ShardVars
 
 
 def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, block_rows: int, scale: Scale,
-                  reference_s: float) -> Instance:
-    """The program data of ``layout`` with ``rows`` per replica."""
+                  reference_s: float, coordinator_bytes: float = 0.0) -> Instance:
+    """The program data of ``layout`` with ``rows`` per replica; ``coordinator_bytes`` come
+    off the memory of cell ``(0, 0)`` (``Resources.coordinator_in_grid``)."""
     g = np.asarray(layout.grid, dtype=np.int64)
     ws = resources.workers
     speed = np.array([w.flops_per_s for w in ws])[g]
@@ -38,8 +41,9 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
         compute_pairs.append(tuple(keep))
     mem_rows = []
     for s in range(g.shape[1]):
-        pairs = sorted({(int(rows[r]), ws[g[r, s]].memory_bytes) for r in range(g.shape[0])
-                        if ws[g[r, s]].memory_bytes is not None}, key=lambda p: (p[1], -p[0]))
+        pairs = sorted({(int(rows[r]), ws[g[r, s]].memory_bytes - (math.ceil(coordinator_bytes) if r == s == 0 else 0))
+                        for r in range(g.shape[0]) if ws[g[r, s]].memory_bytes is not None},
+                       key=lambda p: (p[1], -p[0]))
         keep = []  # drop pairs with no more rows and no less memory than a kept one
         for n, lim in pairs:
             if not any(n2 >= n and lim2 <= lim for n2, lim2 in keep):

@@ -54,6 +54,10 @@ class Resources(BaseModel):
 
     workers: tuple[Worker, ...] = Field(min_length=1)
     network: Network = Network()
+    #: True when the worker of grid cell ``(0, 0)`` also gathers the shards' statistics and
+    #: runs the M-step (the MPI executor), which the plan then counts in its memory; False
+    #: when a process outside the grid does (multiprocessing's parent, the local caller).
+    coordinator_in_grid: bool = False
 
     @field_validator("workers")
     @classmethod
@@ -105,7 +109,7 @@ class Resources(BaseModel):
             Worker(name=f"rank{r}", memory_bytes=None if m is None else m // per_host[h], flops_per_s=flops_per_s)
             for r, (h, m) in enumerate(facts)
         )
-        return cls(workers=workers, network=SHARED_MEMORY_MPI)
+        return cls(workers=workers, network=SHARED_MEMORY_MPI, coordinator_in_grid=True)
 
     @classmethod
     def from_file(cls, path) -> "Resources":

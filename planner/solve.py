@@ -35,7 +35,8 @@ from models.errors import InfeasiblePlanError, PlanError
 from .bounds import Bounds
 from .build import assemble, check_grid, check_inputs
 from .config import SolverConfig
-from .costing import ModelFacts, evaluate, model_facts, mstep_s, price, replica_rows, shard_sums, worker_arrays
+from .costing import (ModelFacts, coordinator_bytes, evaluate, model_facts, mstep_s, price, replica_rows, shard_sums,
+                      worker_arrays)
 from .explain import grid_rationale, infeasible_message
 from .heuristics import columns, run_all
 from .placement import Layout, candidate_layouts
@@ -214,7 +215,8 @@ class Search:
             ref = max(q.bound, 1e-9)
         max_mem = max([w.memory_bytes or 0 for w in self.resources.workers] + [1])
         scale = Scale.for_instance(ref, max_mem)
-        inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows, scale, ref)
+        extra = coordinator_bytes(self.facts) if self.resources.coordinator_in_grid else 0.0
+        inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows, scale, ref, extra)
         hint = q.hint if q.hint_total <= 3.5 * ref else None
         res = solve_program(inst, hint, self.cfg, remaining)
         where = f"grid {q.d}x{q.m} layout {q.layout.name}"
