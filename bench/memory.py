@@ -51,7 +51,8 @@ TOLERANCE = 0.25
 
 # ---------------------------------------------------------------- the models
 def bench_models(scale: float = 1.0):
-    """``(name, model, rows, grids)``: the five models of the issue, and a data-heavy one."""
+    """``(name, model, rows, grids)``: the five models of the issue, a parameter-heavy and a
+    data-heavy one."""
     rng = np.random.default_rng(0)
 
     def n(x):
@@ -75,6 +76,12 @@ def bench_models(scale: float = 1.0):
     v, k = 50_000, 8
     yield ("categorical mixture V=50000 K=8", Mixture([Categorical(rng.dirichlet(np.ones(v))) for _ in range(k)],
                                                       np.full(k, 1 / k)), n(200_000), [(2, 1)])
+    v, k = 200_000, 4
+    # the case model parallelism is for: parameters split over two shards (see README,
+    # Known limits: every worker still receives the whole model)
+    yield ("2 categorical mixtures V=200000 K=4", Composite([
+        Mixture([Categorical(rng.dirichlet(np.ones(v))) for _ in range(k)], np.full(k, 1 / k)) for _ in range(2)]),
+        n(20_000), [(2, 1), (1, 2)])
     k, d = 8, 16
     yield ("diag mixture K=8 d=16, N=2e6", Mixture([DiagGaussian(rng.normal(size=d), np.ones(d)) for _ in range(k)],
                                                    np.full(k, 1 / k)), n(2_000_000), [(2, 1)])
