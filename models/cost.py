@@ -153,8 +153,8 @@ def _profile(node: "Node"):
     kids = [_profile(c) for c in node.children]
     if node.is_leaf:
         return None
-    if node.shares_child_data:
-        inner = _mix(kids, node.child_data_shares())
+    if node.shares_child_data:  # (the shares only matter where the column nests sequences)
+        inner = None if kids[0] is None else _mix(kids, node.child_data_shares())
     else:
         inner = kids[0] if len(kids) == 1 else tuple(kids)
     if node.reads_ragged:
@@ -185,8 +185,8 @@ def data_lengths(model: "Node") -> dict[str, float]:
     """The mean length of the sequences every sequence-like node (``reads_ragged``) reads,
     where it is not its own ``mean_length``: the components of a mixture (the emissions of an
     HMM) read one column together, which holds every component's rows, so a component
-    whose sequences are shorter than its siblings' reads the weighted mean length of all of
-    them (an HMM's states count alike)."""
+    whose sequences are shorter than its siblings' reads the mean length of all of them,
+    weighted by ``child_data_shares`` (a mixture's weights, an HMM's state occupancy)."""
     from .base import child_path
 
     out: dict[str, float] = {}
