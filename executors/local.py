@@ -29,8 +29,8 @@ class LocalGrid:
                       for row in grid_layout(job.model, job.plan)]
         self.model: Node = job.model
 
-    def broadcast(self, model: Node, payload: bytes) -> None:
-        self.model = model
+    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
+        self.model = model  # one process: every cell evaluates the whole model
 
     def e_step(self, iteration: int) -> GridOutcome:
         shares = [run_replica_lockstep(row, self.model, iteration) for row in self.steps]

@@ -1,6 +1,6 @@
 """The EM loop as the coordinator runs it, over any transport.
 
-Per iteration: broadcast the model, run the grid's E-step (compute and coupling on the
+Per iteration: broadcast the model (each shard's workers get their part of it), run the grid's E-step (compute and coupling on the
 workers, reduce to the coordinator), stop on non-finite statistics, run the M-step once,
 record the phase times and bytes, check convergence, call the callback. A transport
 implements :class:`Grid`: how the model reaches the workers and how their shares come back.
@@ -9,7 +9,6 @@ implements :class:`Grid`: how the model reaches the workers and how their shares
 from __future__ import annotations
 
 import math
-import pickle
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
@@ -19,7 +18,7 @@ from models.errors import FitError
 
 from .protocol import FitJob
 from .result import FitResult
-from .step import PROTOCOL
+from .step import grid_layout, shard_payloads
 
 
 @dataclass
@@ -41,8 +40,9 @@ class GridOutcome:
 class Grid(Protocol):
     """A transport's side of one fit, as the coordinator drives it."""
 
-    def broadcast(self, model: Node, payload: bytes) -> None:
-        """Makes ``model`` (pickled as ``payload``) the model of every worker."""
+    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
+        """Makes ``model`` the model of every worker: ``payloads[s]`` is what the workers of
+        shard ``s`` receive (:func:`executors.step.shard_payloads`)."""
 
     def e_step(self, iteration: int) -> GridOutcome:
         """Runs every worker's step on the current model and reduces their shares."""
@@ -64,13 +64,14 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
     """EM from ``job.model`` until converged or ``job.max_iter`` iterations."""
     model = job.model
     result = FitResult(model=model, plan=job.plan, executor=executor)
+    layout = grid_layout(model, job.plan)
     previous: float | None = None
     for it in range(1, job.max_iter + 1):
         t_start = perf_counter()
-        payload = pickle.dumps(model, protocol=PROTOCOL)
-        grid.broadcast(model, payload)
-        broadcast_bytes = len(payload)
-        del payload  # not held through the E-step
+        payloads = shard_payloads(model, layout)
+        grid.broadcast(model, payloads)
+        broadcast_bytes = len(layout) * sum(len(p) for p in payloads)
+        del payloads  # not held through the E-step
         t_bcast = perf_counter()
         out = grid.e_step(it)
         check_finite(model, out, it)

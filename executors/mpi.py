@@ -450,10 +450,11 @@ class MpiGrid:
         net.startup()
 
     # ---------------------------------------------------------------- coordinator
-    def broadcast(self, model: Node, payload: bytes) -> None:
+    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
+        """Every shard's part of the model to every rank (one broadcast); each rank keeps its own."""
         self.broadcasts += 1
         self.net.arm(self.broadcasts)  # run_em broadcasts once per iteration, before its E-step
-        self.net.bcast(("model", payload), self.comms.coordinator)
+        self.net.bcast(("model", payloads), self.comms.coordinator)
         self.model = model
 
     def e_step(self, iteration: int) -> GridOutcome:
@@ -538,7 +539,7 @@ class MpiGrid:
                 net.arm(iteration)
                 t0 = perf_counter()
                 self.model = None  # not kept while the new one is unpickled
-                self.model = pickle.loads(body)
+                self.model = pickle.loads(body[c.spec.shard]) if c.spec is not None else None
                 del body
                 self.received_s = perf_counter() - t0
                 if c.spec is not None:

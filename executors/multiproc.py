@@ -36,7 +36,7 @@ from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares
+from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares, shard_model
 
 #: Environment every worker starts with, so that numpy's BLAS runs one thread per process.
 SINGLE_THREAD_ENV = {
@@ -61,7 +61,8 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
                  peers: dict[int, Connection]) -> None:
     """A worker process: map its rows, then run one step per model received until told to stop."""
     try:
-        warm_up(model)
+        for root in spec.owned if spec.exchanges else ("",) if spec.active else ():
+            warm_up(model.node_at(root))  # its own subtrees: the others are not in its model
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
         step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
         control.send(("ready", None))
@@ -160,7 +161,8 @@ class ProcessGrid:
             for spec in self.layout:
                 parent, child = context.Pipe(duplex=True)
                 p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
-                                    args=(spec, directory, job.model, child, peer_ends[(spec.replica, spec.shard)]))
+                                    args=(spec, directory, shard_model(job.model, spec), child,
+                                          peer_ends[(spec.replica, spec.shard)]))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)
@@ -252,11 +254,11 @@ class ProcessGrid:
             raise self._died(j, when)
         return out
 
-    def broadcast(self, model: Node, payload: bytes) -> None:
+    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
         self.iteration += 1
-        for i, c in enumerate(self.conns):
+        for i, (c, spec) in enumerate(zip(self.conns, self.layout)):
             try:
-                c.send_bytes(payload)
+                c.send_bytes(payloads[spec.shard])
             except OSError:
                 raise self._died(i, f"before iteration {self.iteration}") from None
 

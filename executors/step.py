@@ -20,6 +20,7 @@ Two things every executor gets from here alike: the fault-injection testing hook
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 from collections.abc import Callable, Generator, Sequence
@@ -60,6 +61,7 @@ class WorkerSpec:
     exchanges: bool  # whether the shards of this replica exchange per block
     index: int = 0  # grid index r * M + s
     split: tuple[str, ...] = ()  # paths of the split nodes, which every shard evaluates
+    block_rows: int = 0  # rows per block, the same on every shard (0: the model's own)
 
     @property
     def rows(self) -> int:
@@ -70,6 +72,7 @@ def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
     """``layout[r][s]``: the spec of every worker of the plan's grid."""
     roots = owned_roots(model, plan.shard_of_leaf())
     split = tuple(sorted(split_nodes(model, plan.shard_of_leaf())))
+    rows_per_block = block_rows(model)
     whole = list(roots) == [""]
     names = plan.worker_grid()
     layout = []
@@ -84,7 +87,8 @@ def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
                 active, first = True, s == 0
             row.append(WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop,
                                   leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
-                                  exchanges=not whole, index=r * len(plan.model_cuts) + s, split=split))
+                                  exchanges=not whole, index=r * len(plan.model_cuts) + s, split=split,
+                                  block_rows=rows_per_block))
         layout.append(row)
     return layout
 
@@ -104,6 +108,59 @@ class WorkerShare:
     def payload(self) -> bytes:
         """The statistics as they cross the wire in the reduce."""
         return pickle.dumps(self.stats, protocol=PROTOCOL)
+
+
+class Elsewhere(Node):
+    """Stands for a subtree that another shard of the replica owns, in the model a shard
+    receives (:func:`shard_model`): its log density arrives by the exchange, so it is never
+    evaluated here, and its parameters stay with its own shard."""
+
+    has_own_stats = False
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def params(self):
+        return {}
+
+    def describe(self) -> str:
+        return f"(subtree {self.path!r} on another shard)"
+
+    def cost(self):
+        raise AssertionError(f"{self.describe()} has no cost here")
+
+    def _log_density(self, data):
+        raise AssertionError(f"{self.describe()} was evaluated on the wrong shard")
+
+    def _accumulate(self, data, w):
+        raise AssertionError(f"{self.describe()} was folded on the wrong shard")
+
+
+def shard_model(model: Node, spec: WorkerSpec) -> Node:
+    """What worker ``spec`` needs of ``model``: its owned subtrees whole and the split nodes
+    above them, every other shard's owned subtree an :class:`Elsewhere`; the whole model
+    when the tree is not split, and a bare :class:`Elsewhere` for an idle shard."""
+    if not spec.active:
+        return Elsewhere("")
+    if not spec.exchanges:
+        return model
+    split, owned = frozenset(spec.split), frozenset(spec.owned)
+
+    def prune(node: Node, path: str) -> Node:
+        if path in owned:
+            return node
+        if path not in split:
+            return Elsewhere(path)
+        twin = copy.copy(node)  # shares the parameter arrays; only the children differ
+        twin.children = tuple(prune(c, child_path(path, i)) for i, c in enumerate(node.children))
+        return twin
+
+    return prune(model, "")
+
+
+def shard_payloads(model: Node, layout: Sequence[Sequence[WorkerSpec]]) -> list[bytes]:
+    """The pickled :func:`shard_model` of every shard (the same for every replica)."""
+    return [pickle.dumps(shard_model(model, spec), protocol=PROTOCOL) for spec in layout[0]]
 
 
 def restrict_columns(model: Node, data: Data, keep: frozenset[str], path: str = "",
@@ -181,7 +238,11 @@ class WorkerStep:
         """How many times :meth:`passes` yields for ``model`` (the same on every shard of a replica)."""
         if not (self.spec.active and self.spec.exchanges):
             return 0
-        return math.ceil(self.spec.rows / block_rows(model))
+        return math.ceil(self.spec.rows / self.rows_per_block(model))
+
+    def rows_per_block(self, model: Node) -> int:
+        """The plan's block size (a shard's model may lack the other shards' subtrees)."""
+        return self.spec.block_rows or block_rows(model)
 
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its owned roots' log densities per block.
@@ -197,7 +258,7 @@ class WorkerStep:
         sent = 0
         due = self.faults if iteration and self.faults else ()
         if spec.active and spec.rows > 0:
-            step = block_rows(model)
+            step = self.rows_per_block(model)
             ones = np.ones(min(step, spec.rows))
             n_blocks = math.ceil(spec.rows / step)
             for k, a in enumerate(range(0, spec.rows, step)):
