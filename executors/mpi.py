@@ -5,7 +5,7 @@ ranked by shard) carries the coupling, an allgather of the owned roots' per-row 
 densities per block; a *shard* communicator per model shard (its ``D`` replicas, ranked by
 replica) carries the reduce, a gather of the statistics to the shard's replica 0, which
 sums them in replica order. The shards' totals are gathered on the coordinator (the rank
-of cell ``(0, 0)``), which runs the M-step and broadcasts the model to every rank.
+of cell ``(0, 0)``), which runs the M-step and sends every rank its shard's part of the new model.
 
 Ranks beyond the plan's ``D x M`` workers stay idle but receive every broadcast, so every
 rank returns the same FitResult. A plan with more workers than ranks is refused before
@@ -217,6 +217,9 @@ class _Blocking:
     def bcast(self, obj, root: int):
         return self.world.bcast(obj, root=root)
 
+    def scatter(self, objs: list | None, root: int):
+        return self.world.scatter(objs, root=root)
+
     def allgather(self, group: _Group, obj) -> list:
         return group.comm.allgather(obj)
 
@@ -301,6 +304,15 @@ class _Timed:
             # completed before the root computes: a large model moves only while the root polls
             self._wait_all(sent, "sending to every rank")
             return obj
+        return self._receive([root], _BCAST, "for the coordinator's next message")[root]
+
+    def scatter(self, objs: list | None, root: int):
+        """``objs[r]`` to rank ``r`` (as ``bcast``, one message each)."""
+        if self.me == root:
+            blobs = [pickle.dumps(objs[r], protocol=PROTOCOL) for r in range(self.size)]
+            sent = [self.data.Isend([blobs[r], self.MPI.BYTE], r, _BCAST) for r in range(self.size) if r != root]
+            self._wait_all(sent, "sending to every rank")
+            return objs[root]
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
 
     def allgather(self, group: _Group, obj) -> list:
@@ -451,11 +463,17 @@ class MpiGrid:
 
     # ---------------------------------------------------------------- coordinator
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        """Every shard's part of the model to every rank (one broadcast); each rank keeps its own."""
+        """Each rank its shard's part of the model (a scatter; idle ranks get none)."""
         self.broadcasts += 1
         self.net.arm(self.broadcasts)  # run_em broadcasts once per iteration, before its E-step
-        self.net.bcast(("model", payloads), self.comms.coordinator)
+        specs = self.comms.specs
+        self.net.scatter([("model", payloads[specs[r].shard] if r in specs else None)
+                          for r in range(self.comms.world.Get_size())], self.comms.coordinator)
         self.model = model
+
+    def tell(self, message) -> None:
+        """The same message to every rank (what the ranks that serve wait for)."""
+        self.net.scatter([message] * self.comms.world.Get_size(), self.comms.coordinator)
 
     def e_step(self, iteration: int) -> GridOutcome:
         t0 = perf_counter()
@@ -533,13 +551,13 @@ class MpiGrid:
         c, net = self.comms, self.net
         iteration = 0
         while True:
-            kind, body = net.bcast(None, c.coordinator)
+            kind, body = net.scatter(None, c.coordinator)
             if kind == "model":
                 iteration += 1
                 net.arm(iteration)
                 t0 = perf_counter()
                 self.model = None  # not kept while the new one is unpickled
-                self.model = pickle.loads(body[c.spec.shard]) if c.spec is not None else None
+                self.model = pickle.loads(body) if body is not None else None
                 del body
                 self.received_s = perf_counter() - t0
                 if c.spec is not None:
@@ -552,6 +570,7 @@ class MpiGrid:
                         raise
                 net.finish()
             elif kind == "done":
+                body = net.bcast(None, c.coordinator)  # the result, pickled once
                 net.flush()
                 return pickle.loads(body)
             else:
@@ -667,13 +686,14 @@ class MpiExecutor(BaseExecutor):
             raise  # every rank that answers was told; a rank that hangs cannot be
         except FitError as e:
             trace = next((n.split("\n", 1)[1] for n in getattr(e, "__notes__", ()) if "\n" in n), None)
-            net.bcast(("error", (str(e), trace)), root)
+            grid.tell(("error", (str(e), trace)))
             net.flush()
             raise
         except BaseException:  # the other ranks wait in a collective: end the job
             abort_job(world)
             raise
-        net.bcast(("done", pickle.dumps(result, protocol=PROTOCOL)), root)
+        grid.tell(("done", None))
+        net.bcast(pickle.dumps(result, protocol=PROTOCOL), root)  # pickled once, whatever the ranks
         net.flush()
         return result
 

@@ -66,4 +66,5 @@ def test_the_shards_parts_of_the_model_give_the_whole_models_statistics(model_da
     for part, spec in zip(parts, specs):  # a shard's part holds no other shard's leaf
         mine = {p for p, node in part.leaves() if not isinstance(node, Elsewhere)}
         assert mine == set(spec.leaves)
-        assert len(pickle.dumps(part)) <= len(pickle.dumps(model))
+        stubs = sum(isinstance(node, Elsewhere) for _, node in part.nodes())
+        assert len(pickle.dumps(part)) <= len(pickle.dumps(model)) + 128 * stubs
