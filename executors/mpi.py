@@ -527,17 +527,24 @@ class MpiGrid:
             brief = _Brief(spec.name, self.received_s, share.compute_s, share.coupling_s, share.coupling_bytes,
                            len(payload), share.peak_bytes, self.meter.baseline_bytes)
             mine = (payload, share.loglik, brief, None)
+            del share, payload  # the statistics travel pickled: not held twice through the reduce
         else:
             mine = (None, 0.0, None, failure)
         column = net.gather(c.reduce, mine)
+        del mine
         if spec.replica != 0:
             return None
         failures = [f for _, _, _, f in column if f is not None]
+        briefs = [b for _, _, b, _ in column]
         if failures or any(p is None for p, _, _, _ in column):
             totals = net.gather(c.totals, (None, 0.0, [], failures))
+        elif len(column) == 1:  # one replica: its statistics go on as they came
+            blob, ll, _, _ = column.pop()
+            totals = net.gather(c.totals, (blob, ll, briefs, []))
         else:
             stats, ll = reduce_shard([WorkerShare(stats=pickle.loads(p), loglik=part) for p, part, _, _ in column])
-            totals = net.gather(c.totals, (pickle.dumps(stats, protocol=PROTOCOL), ll, [b for _, _, b, _ in column], []))
+            del column
+            totals = net.gather(c.totals, (pickle.dumps(stats, protocol=PROTOCOL), ll, briefs, []))
         if spec.shard != 0:
             return None
         failures = [f for _, _, _, fs in totals for f in fs]

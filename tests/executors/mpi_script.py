@@ -36,6 +36,7 @@ def main() -> int:
         res = optimize(data, model, plan=plan, executor=executor, max_iter=6, tol=0.0)
     except PlanError as e:
         print(f"PLANERROR: {e}", flush=True)
+        comm.Barrier()  # every rank has printed before any exits (mpiexec ends the job at the first exit 3)
         return 3
     traces = comm.gather(res.log_likelihood, root=0)
     if comm.Get_rank() == 0:
