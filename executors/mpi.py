@@ -218,7 +218,14 @@ class _Blocking:
         return self.world.bcast(obj, root=root)
 
     def scatter(self, objs: list | None, root: int):
-        return self.world.scatter(objs, root=root)
+        """``objs[r]`` to rank ``r``, one message at a time: the root holds one pickle, not
+        one per rank (mpi4py's ``scatter`` pickles them all before sending)."""
+        if self.world.Get_rank() != root:
+            return self.world.recv(source=root, tag=_BCAST)
+        for r in range(self.world.Get_size()):
+            if r != root:
+                self.world.send(objs[r], dest=r, tag=_BCAST)
+        return objs[root]
 
     def allgather(self, group: _Group, obj) -> list:
         return group.comm.allgather(obj)

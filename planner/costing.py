@@ -106,8 +106,9 @@ SYNC_WAIT_SHARE = 0.1
 
 #: Copies of the whole model's parameters and statistics that the coordinator holds beyond
 #: a worker's when it is a worker too (``Resources.coordinator_in_grid``): the shards'
-#: statistics gathered and merged, the new model and its pickle for the broadcast. Measured
-#: 2.6 on a categorical mixture whose tables dominate (``bench/memory.py --executor mpi``).
+#: statistics gathered and merged, the new model and its pickled parts for the workers.
+#: Measured 1.1-2.8 on categorical mixtures whose tables dominate, 2x1 and 1x2
+#: (``bench/memory.py --executor mpi``).
 COORDINATOR_COPIES = 2.5
 
 
