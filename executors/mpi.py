@@ -314,11 +314,13 @@ class _Timed:
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
 
     def scatter(self, objs: list | None, root: int):
-        """``objs[r]`` to rank ``r`` (as ``bcast``, one message each)."""
+        """``objs[r]`` to rank ``r``, one message at a time (the root holds one pickle)."""
         if self.me == root:
-            blobs = [pickle.dumps(objs[r], protocol=PROTOCOL) for r in range(self.size)]
-            sent = [self.data.Isend([blobs[r], self.MPI.BYTE], r, _BCAST) for r in range(self.size) if r != root]
-            self._wait_all(sent, "sending to every rank")
+            for r in range(self.size):
+                if r != root:
+                    blob = pickle.dumps(objs[r], protocol=PROTOCOL)
+                    self._wait_all([self.data.Isend([blob, self.MPI.BYTE], r, _BCAST)], "sending to every rank")
+                    del blob
             return objs[root]
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
 
