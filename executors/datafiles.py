@@ -101,7 +101,8 @@ class NpyDataset:
         path = self.directory / name
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            fmt = np.lib.format
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
             shape, fortran, dtype = read_header(f)
             header = f.tell()
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping

@@ -1,9 +1,10 @@
 """The EM loop as the coordinator runs it, over any transport.
 
-Per iteration: broadcast the model (each shard's workers get their part of it), run the grid's E-step (compute and coupling on the
-workers, reduce to the coordinator), stop on non-finite statistics, run the M-step once,
-record the phase times and bytes, check convergence, call the callback. A transport
-implements :class:`Grid`: how the model reaches the workers and how their shares come back.
+Per iteration: broadcast the model (each shard's workers get their part of it), run the
+grid's E-step (compute and coupling on the workers, reduce to the coordinator), stop on
+non-finite statistics, run the M-step once, record the phase times and bytes, check
+convergence, call the callback. A transport implements :class:`Grid`: how the model
+reaches the workers and how their shares come back.
 """
 
 from __future__ import annotations
