@@ -93,3 +93,12 @@ def test_any_parsed_toml_validates_or_fails_cleanly(raw):
         parse_config(raw)
     except ConfigError as e:
         assert str(e) and "\n" not in str(e)
+
+
+@pytest.mark.parametrize("kind, coordinates", [("local", False), ("multiprocessing", False), ("mpi", True)])
+def test_under_mpi_the_plan_counts_the_coordinating_worker(tmp_path, kind, coordinates):
+    """The MPI executor's rank of cell (0, 0) also runs the M-step; the others run it apart."""
+    from emgrid_cli.session import build_resources
+
+    cfg = load_config(write(tmp_path, GOOD.replace('kind = "local"', f'kind = "{kind}"')))
+    assert build_resources(cfg).coordinator_in_grid is coordinates
