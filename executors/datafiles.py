@@ -100,8 +100,8 @@ class NpyDataset:
         """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
         path = self.directory / name
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
             fmt = np.lib.format
+            version = fmt.read_magic(f)
             read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
             shape, fortran, dtype = read_header(f)
             header = f.tell()

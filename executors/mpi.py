@@ -529,7 +529,7 @@ class MpiGrid:
             failure = _Failure(rank, f"rank {rank} (worker {spec.name!r}, replica {spec.replica}, shard {spec.shard}) "
                                f"failed in iteration {iteration}: {summary}",
                                traceback.format_exc())
-            if exchanged < self.step.exchanges_per_pass(self.model):
+            if exchanged < self.step.exchanges_per_pass():
                 net.allgather(c.coupling, (failure, None))  # the other shards wait in this block's exchange
         if share is not None:
             payload = share.payload()

@@ -59,9 +59,9 @@ class WorkerSpec:
     active: bool  # False for the idle shards of a plan whose tree sits whole on one shard
     first_shard: bool  # folds the nodes above the owned roots and counts the log-likelihood
     exchanges: bool  # whether the shards of this replica exchange per block
+    block_rows: int  # rows per block, the whole model's (a shard's part of it cannot tell)
     index: int = 0  # grid index r * M + s
     split: tuple[str, ...] = ()  # paths of the split nodes, which every shard evaluates
-    block_rows: int = 0  # rows per block, the same on every shard (0: the model's own)
 
     @property
     def rows(self) -> int:
@@ -234,15 +234,11 @@ class WorkerStep:
         """From the whole dataset: slices the worker's rows first (views, nothing read)."""
         return cls(model, spec, take_rows(data, spec.start, spec.stop), meter)
 
-    def exchanges_per_pass(self, model: Node) -> int:
-        """How many times :meth:`passes` yields for ``model`` (the same on every shard of a replica)."""
+    def exchanges_per_pass(self) -> int:
+        """How many times :meth:`passes` yields (the same on every shard of a replica)."""
         if not (self.spec.active and self.spec.exchanges):
             return 0
-        return math.ceil(self.spec.rows / self.rows_per_block(model))
-
-    def rows_per_block(self, model: Node) -> int:
-        """The plan's block size (a shard's model may lack the other shards' subtrees)."""
-        return self.spec.block_rows or block_rows(model)
+        return math.ceil(self.spec.rows / self.spec.block_rows)
 
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its owned roots' log densities per block.
@@ -258,7 +254,7 @@ class WorkerStep:
         sent = 0
         due = self.faults if iteration and self.faults else ()
         if spec.active and spec.rows > 0:
-            step = self.rows_per_block(model)
+            step = spec.block_rows
             ones = np.ones(min(step, spec.rows))
             n_blocks = math.ceil(spec.rows / step)
             for k, a in enumerate(range(0, spec.rows, step)):

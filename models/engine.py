@@ -46,11 +46,12 @@ MATMUL_FLOPS = 0.1
 #: FLOP with each component beyond the few whose products are bound by reading the block;
 GEMM_FLOPS = 0.04
 #: per element of a gather, scatter or bincount through an index array, a broadcast over
-#: short rows, a transposing copy, or an exp or log entangled with them;
+#: short rows, a transposing copy of a block's short rows (``d`` wide), or an exp or log
+#: entangled with them;
 SLOW_FLOPS = 3.2
 #: per element of an exp or log over a whole contiguous array, or of a transposing copy of
-#: one (numpy's vectorized loops: 0.8, 1.0 and 0.7-1.0 ns per element beside 0.58 for an
-#: add, on (4-32, 8000) arrays, one core);
+#: a few long rows (a batched kernel's component weights; numpy's vectorized loops: 0.8,
+#: 1.0 and 0.7-1.0 ns per element beside 0.58 for an add, on (4-32, 8000) arrays, one core);
 VECTOR_FLOPS = 1.5
 #: per element of a running sum (``cumsum``: a chain of dependent adds);
 SCAN_FLOPS = 10.0

@@ -112,8 +112,11 @@ SYNC_WAIT_SHARE = 0.1
 COORDINATOR_COPIES = 2.5
 
 
-def coordinator_bytes(facts: "ModelFacts") -> float:
-    """What the coordinator holds beyond its worker's share (:data:`COORDINATOR_COPIES`)."""
+def coordinator_bytes(facts: "ModelFacts", resources: Resources) -> float:
+    """What cell ``(0, 0)`` holds beyond its worker's share when it also coordinates
+    (:data:`COORDINATOR_COPIES`; 0 when the coordinator is outside the grid)."""
+    if not resources.coordinator_in_grid:
+        return 0.0
     return COORDINATOR_COPIES * float(facts.param.sum() + facts.stat.sum())
 
 
@@ -438,8 +441,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     memory = (sums.data[None, :] * rows_f[:, None]
               + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
               + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
-    if resources.coordinator_in_grid:
-        memory[0, 0] += coordinator_bytes(facts)
+    memory[0, 0] += coordinator_bytes(facts, resources)
     limit = memories[grid]
     known = np.isfinite(limit)
     if np.any(np.ceil(memory[known]) > limit[known]):

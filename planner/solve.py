@@ -215,8 +215,8 @@ class Search:
             ref = max(q.bound, 1e-9)
         max_mem = max([w.memory_bytes or 0 for w in self.resources.workers] + [1])
         scale = Scale.for_instance(ref, max_mem)
-        extra = coordinator_bytes(self.facts) if self.resources.coordinator_in_grid else 0.0
-        inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows, scale, ref, extra)
+        inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows, scale, ref,
+                             coordinator_bytes(self.facts, self.resources))
         hint = q.hint if q.hint_total <= 3.5 * ref else None
         res = solve_program(inst, hint, self.cfg, remaining)
         where = f"grid {q.d}x{q.m} layout {q.layout.name}"

@@ -28,7 +28,8 @@ def test_only_cell_zero_zero_carries_the_coordinators_copies():
         apart = evaluate(facts, res, 1000, leaf_shard, [[0, 1], [2, 3]])
         inside = evaluate(facts, coordinating(res), 1000, leaf_shard, [[0, 1], [2, 3]])
         extra = [b.memory_bytes - a.memory_bytes for a, b in zip(apart.loads, inside.loads)]
-        assert extra[0] == pytest.approx(coordinator_bytes(facts), abs=1)
+        assert coordinator_bytes(facts, res) == 0.0
+        assert extra[0] == pytest.approx(coordinator_bytes(facts, coordinating(res)), abs=1)
         assert extra[1:] == [0, 0, 0]
         assert inside.breakdown == apart.breakdown
 
@@ -36,7 +37,7 @@ def test_only_cell_zero_zero_carries_the_coordinators_copies():
 def test_a_worker_that_fits_the_model_but_not_the_m_step_gets_no_plan():
     model = tables()
     facts = model_facts(model)
-    limit = whole_model_memory(model, 1000) + int(coordinator_bytes(facts) / 2)
+    limit = whole_model_memory(model, 1000) + int(coordinator_bytes(facts, coordinating(uniform(1))) / 2)
     res = uniform(1, memory=limit)
     plan = balance_plan(model, res, n_data=1000)
     assert plan.fits
@@ -50,4 +51,4 @@ def test_the_plan_for_a_coordinating_grid_validates_and_reports_the_extra_bytes(
     plan = balance_plan(model, res, n_data=5000, grid=(2, 1))
     validate_plan(plan, model, res, 5000)
     first, second = plan.per_worker
-    assert first.memory_bytes - second.memory_bytes == pytest.approx(coordinator_bytes(model_facts(model)), abs=1)
+    assert first.memory_bytes - second.memory_bytes == pytest.approx(coordinator_bytes(model_facts(model), res), abs=1)
