@@ -273,7 +273,12 @@ class WorkerStep:
                     every = yield mine
                     t0 = perf_counter()
                     out, part = shard_down(model, block, w, spec.owned, cache, every, spec.first_shard)
+                    # the block's kept arrays and exchanged densities go now, not when the
+                    # next block's upward pass rebinds the names: held across it, they put a
+                    # second block of working arrays into the worker's peak (1.3-1.5x the plan)
+                    del cache, mine, every
                 folded = _fold(folded, out)
+                del out
                 ll += part
                 compute += perf_counter() - t0
         elif due:
@@ -292,9 +297,10 @@ class WorkerStep:
             mine = next(gen)
             while True:
                 t0 = perf_counter()
-                every = exchange(mine)
+                got = [exchange(mine)]
+                mine = None  # neither this block's densities nor the exchanged ones stay here
                 coupling += perf_counter() - t0
-                mine = gen.send(every)
+                mine = gen.send(got.pop())  # while the generator runs the next block
         except StopIteration as done:
             share = done.value
         share.coupling_s = coupling

@@ -1,0 +1,86 @@
+"""A worker's E-step holds one block at a time: running many blocks of a model-parallel
+worker traces no more memory than running one (nothing of a block outlives it), which is
+what the plan's memory model counts (``planner.costing``: one block of working arrays).
+
+Numpy's allocations are traced with ``tracemalloc``; the other shard's messages are
+computed beforehand and arrive pickled, as the executors move them."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tracemalloc
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import assume, given, note, settings
+from hypothesis import strategies as st
+
+from executors.step import WorkerStep, grid_layout
+from models.data import take_rows
+
+from .. import strategies as S
+from .plans import grid_plan
+
+BLOCK = 1500
+#: Allocations of a step that do not grow with the block (Python objects, small arrays).
+SLACK_BYTES = 64 * 1024
+
+
+def other_shard_messages(model, data, specs, shard: int) -> list[dict]:
+    """What the other shard sends at every block, from both shards run in lockstep."""
+    gens = [WorkerStep.from_full(model, spec, data).passes(model) for spec in specs]
+    sent = [next(g) for g in gens]
+    messages = []
+    while True:
+        messages.append(pickle.dumps({k: v for s, m in enumerate(sent) if s != shard for k, v in m.items()}))
+        every = {k: v for m in sent for k, v in m.items()}
+        try:
+            sent = [g.send(every) for g in gens]
+        except StopIteration:
+            return messages
+
+
+def traced_peak(model, data, spec, messages: list[bytes]) -> int:
+    step = WorkerStep.from_full(model, spec, data)
+    queue = []
+
+    def exchange(mine):
+        every = dict(mine)
+        every.update(pickle.loads(queue.pop(0)))
+        return every
+
+    queue[:] = messages
+    step.run(model, exchange)  # caches warm
+    queue[:] = messages
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        share = step.run(model, exchange)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del share
+    return peak
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=S.models(), seed=S.seeds(), split=st.randoms(use_true_random=False))
+def test_a_model_parallel_worker_holds_one_block_however_many_it_runs(m, seed, split):
+    leaves = [p for p, _ in m.leaves()]
+    assume(len(leaves) >= 2)
+    shard_of = {p: split.randrange(2) for p in leaves}
+    assume(len(set(shard_of.values())) == 2)
+    note(json.dumps(m.to_spec()))
+    note(repr(shard_of))
+    n = 3 * BLOCK
+    data = m.prepare(m.sample(n, np.random.default_rng(seed)))
+    specs = [replace(spec, block_rows=BLOCK) for spec in grid_layout(m, grid_plan(m, n, 1, 2, shard_of))[0]]
+    one = take_rows(data, 0, BLOCK)
+    for s in (0, 1):
+        one_spec = replace(specs[s], stop=specs[s].start + BLOCK)
+        single = traced_peak(m, one, one_spec, other_shard_messages(m, one, [replace(x, stop=x.start + BLOCK)
+                                                                           for x in specs], s))
+        many = traced_peak(m, data, specs[s], other_shard_messages(m, data, specs, s))
+        note(f"shard {s}: one block {single}, three blocks {many}")
+        assert many <= 1.1 * single + SLACK_BYTES
