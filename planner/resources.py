@@ -35,9 +35,12 @@ class Network(BaseModel):
     bytes_per_s: float = Field(default=1.0e9, gt=0)
 
 
-#: Worker processes of one machine joined by pipes (``multiprocessing``): a pickled message
-#: and its wake-up cost about 200 us.
-PIPES = Network(latency_s=200e-6, bytes_per_s=4e9)
+#: Worker processes of one machine joined by pipes (``multiprocessing``). A bare pipe round
+#: trip between two processes takes 30-40 us here, but inside the EM loop, with the
+#: executor's pickling and wake-ups, a tiny model's broadcast and reduce between the parent
+#: and two workers took 220-310 us together beyond the local executor's iteration
+#: (``bench/scaling.py``, six runs with both cores free): 150 us a collective.
+PIPES = Network(latency_s=150e-6, bytes_per_s=4e9)
 #: MPI ranks of one machine (mpi4py's pickled collectives over shared memory). In a tight
 #: loop a broadcast, gather and allgather of small objects between two ranks took 16, 39
 #: and 32 us (median), but inside the EM loop, where the ranks arrive out of step, a tiny
