@@ -13,8 +13,8 @@ any work, on every rank, with the same PlanError.
 
 Failures. A rank whose step raises does not leave the others waiting in a collective:
 every message of the E-step carries a failure slot. The failing rank still takes part in
-the one coupling allgather its replica's other shards are waiting in (with its failure
-instead of log densities), after which all of them stop the pass; then every rank joins
+the one coupling allgather its replica's other shards are waiting in (its message's status
+says it failed, :mod:`executors.coupling`), after which all of them stop the pass; then every rank joins
 the reduce as usual, carrying its failure or nothing, so the failure reaches the
 coordinator, which raises a FitError naming the rank, its worker and the iteration and
 broadcasts it: every rank raises the same FitError. Anything that breaks outside these
@@ -58,16 +58,19 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import ClassVar
 
+import numpy as np
+
 from models import Node
 from models.errors import ConfigError, FitError, PlanError
 from planner.plan import BalancePlan
 from planner.resources import Resources
 
+from . import coupling
 from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, join_shards, merge_exchange, reduce_shard
+from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, join_shards, reduce_shard
 
 _RANK_NAME = re.compile(r"rank(\d+)")
 
@@ -230,6 +233,21 @@ class _Blocking:
     def allgather(self, group: _Group, obj) -> list:
         return group.comm.allgather(obj)
 
+    def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
+        """Every member's float64 message (``fill`` writes this rank's ``size`` values), in
+        group order, as views of one buffer: the sizes, then the values in place."""
+        from mpi4py import MPI
+
+        comm = group.comm
+        counts = np.empty(comm.Get_size(), dtype=np.int64)
+        comm.Allgather(np.array([size], dtype=np.int64), counts)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        out = np.empty(int(counts.sum()))
+        me = comm.Get_rank()
+        fill(out[displs[me]:displs[me] + size])
+        comm.Allgatherv(MPI.IN_PLACE, [out, counts, displs, MPI.DOUBLE])
+        return [out[d:d + n] for d, n in zip(displs.tolist(), counts.tolist())]
+
     def gather(self, group: _Group, obj) -> list | None:
         return group.comm.gather(obj, root=0)
 
@@ -332,6 +350,15 @@ class _Timed:
         got = self._receive(others, group.tag, group.what)
         return [obj if r == self.me else got[r] for r in group.members]
 
+    def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
+        mine = np.empty(size)
+        fill(mine)
+        others = [r for r in group.members if r != self.me]
+        for r in others:
+            self.sends.append(self.data.Isend([mine, self.MPI.DOUBLE], r, group.tag))
+        got = self._receive(others, group.tag, group.what, self._take_array)
+        return [mine if r == self.me else got[r] for r in group.members]
+
     def gather(self, group: _Group, obj) -> list | None:
         root, others = group.members[0], group.members[1:]
         if self.me != root:
@@ -355,7 +382,13 @@ class _Timed:
         msg.Recv([buf, self.MPI.BYTE])
         return pickle.loads(buf)
 
-    def _receive(self, sources: list[int], tag: int, what: str) -> dict:
+    def _take_array(self, msg) -> np.ndarray:
+        buf = np.empty(self.status.Get_count(self.MPI.DOUBLE))
+        msg.Recv([buf, self.MPI.DOUBLE])
+        return buf
+
+    def _receive(self, sources: list[int], tag: int, what: str, take=None) -> dict:
+        take = take or self._take
         got = {}
         pending = list(sources)
         polls = 0
@@ -363,7 +396,7 @@ class _Timed:
             for r in tuple(pending):
                 msg = self.data.Improbe(r, tag, self.status)
                 if msg is not None:
-                    got[r] = self._take(msg)
+                    got[r] = take(msg)
                     pending.remove(r)
             if not pending:
                 break
@@ -511,11 +544,13 @@ class MpiGrid:
 
         def exchange(mine):
             nonlocal exchanged
-            got = net.allgather(c.coupling, (None, mine))
+            got = net.allgather_arrays(c.coupling, coupling.message_length(mine),
+                                       lambda out: coupling.pack_into(out, mine, spec.owned))
             exchanged += 1
-            if any(f is not None for f, _ in got):
+            every = coupling.merge(got, spec.replica_owned)
+            if every is None:
                 raise _PeerFailed()
-            return merge_exchange(part for _, part in got)
+            return every
 
         try:
             share = self.step.run(self.model, exchange, iteration)
@@ -530,7 +565,8 @@ class MpiGrid:
                                f"failed in iteration {iteration}: {summary}",
                                traceback.format_exc())
             if exchanged < self.step.exchanges_per_pass():
-                net.allgather(c.coupling, (failure, None))  # the other shards wait in this block's exchange
+                # the other shards wait in this block's exchange
+                net.allgather_arrays(c.coupling, coupling.FAILED_LENGTH, coupling.mark_failed)
         if share is not None:
             payload = share.payload()
             brief = _Brief(spec.name, self.received_s, share.compute_s, share.coupling_s, share.coupling_bytes,

@@ -2,7 +2,8 @@
 
 Bytes move over pipes: the parent (the coordinator) sends each worker the pickled model
 and receives its pickled statistics; the shards of a replica exchange their per-row log
-densities directly, over one pipe per pair of shards. Rows never pass through the parent:
+densities directly, over one pipe per pair of shards, as :mod:`executors.coupling`'s flat
+messages. Rows never pass through the parent:
 the data lives in ``.npy`` files (written once to a temporary directory when the caller
 gave arrays) that every worker maps for its own row range only.
 
@@ -28,9 +29,12 @@ from multiprocessing.connection import Connection, wait
 from time import perf_counter
 from typing import ClassVar
 
+import numpy as np
+
 from models import Node
 from models.errors import ConfigError, FitError
 
+from . import coupling
 from .datafiles import NpyDataset
 from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
@@ -77,7 +81,7 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
             model = pickle.loads(payload)
             del payload
             received = perf_counter() - t0
-            share = step.run(model, lambda mine: _exchange(spec.shard, peers, mine), iteration)
+            share = step.run(model, lambda mine: _exchange(spec, peers, mine), iteration)
             blob = share.payload()
             control.send(("share", (share.loglik, share.compute_s, share.coupling_s, share.coupling_bytes, received,
                                     share.peak_bytes, meter.baseline_bytes)))
@@ -99,23 +103,25 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
             pass
 
 
-def _exchange(me: int, peers: dict[int, Connection], mine: dict) -> dict:
-    """Allgather over the replica's shards: pairs in one global order, so no send waits forever."""
-    blob = pickle.dumps(mine, protocol=PROTOCOL)
-    every = dict(mine)
+def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dict:
+    """Allgather over the replica's shards: pairs in one global order, so no send waits forever.
+    Messages are :mod:`executors.coupling`'s flat arrays; a received one is read in place."""
+    message = coupling.pack(mine, spec.owned)
+    messages = {spec.shard: message}
     for peer in sorted(peers):
         conn = peers[peer]
         try:
-            if me < peer:
-                conn.send_bytes(blob)
+            if spec.shard < peer:
+                conn.send_bytes(message)
                 got = conn.recv_bytes()
             else:
                 got = conn.recv_bytes()
-                conn.send_bytes(blob)
+                conn.send_bytes(message)
         except (EOFError, OSError):
             raise _PeerLost(peer) from None
-        every.update(pickle.loads(got))
-    return every
+        messages[peer] = np.frombuffer(got)
+    del message
+    return coupling.merge([messages[s] for s in range(len(spec.replica_owned))], spec.replica_owned)
 
 
 @contextmanager

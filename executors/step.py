@@ -24,7 +24,7 @@ import copy
 import math
 import pickle
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 import numpy as np
@@ -62,6 +62,8 @@ class WorkerSpec:
     block_rows: int  # rows per block, the whole model's (a shard's part of it cannot tell)
     index: int = 0  # grid index r * M + s
     split: tuple[str, ...] = ()  # paths of the split nodes, which every shard evaluates
+    #: every shard's owned roots (by shard), in the order its coupling messages carry them
+    replica_owned: tuple[tuple[str, ...], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -89,7 +91,7 @@ def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
                                   leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
                                   exchanges=not whole, index=r * len(plan.model_cuts) + s, split=split,
                                   block_rows=rows_per_block))
-        layout.append(row)
+        layout.append([replace(spec, replica_owned=tuple(w.owned for w in row)) for spec in row])
     return layout
 
 

@@ -1,0 +1,80 @@
+"""The coupling exchange's message: what one shard sends the other shards of its replica
+for one block, as one flat float64 array.
+
+``[status, n_1, ..., n_k, values_1, ..., values_k]``: ``status`` is :data:`OK` or
+:data:`FAILED` (the shard's step raised: the others stop their pass, and the error itself
+travels up the reduce), then the lengths and values of its ``k`` owned roots' per-row
+log densities, in the order of ``WorkerSpec.owned`` (every shard knows every other
+shard's owned roots from the plan, so no names travel). A received message is unpacked
+into views of itself: nothing is copied, so a worker holds at most its own densities and
+one copy of everyone's, the two copies the plan counts (``planner.costing.COUPLING_COPIES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+OK, FAILED = 0.0, 1.0
+
+
+def message_length(mine: dict[str, np.ndarray]) -> int:
+    """Float64 values of the message that carries ``mine``."""
+    return 1 + len(mine) + sum(v.size for v in mine.values())
+
+
+def pack_into(out: np.ndarray, mine: dict[str, np.ndarray], owned: Sequence[str]) -> np.ndarray:
+    """Writes the message of ``mine`` (keys: ``owned``, in that order) into ``out``."""
+    if list(mine) != list(owned):
+        raise AssertionError(f"a shard sends its owned roots {list(owned)}, got {list(mine)}")
+    k = len(owned)
+    out[0] = OK
+    at = 1 + k
+    for i, r in enumerate(owned):
+        v = mine[r]
+        if v.ndim != 1:
+            raise AssertionError(f"the log density of {r!r} has shape {v.shape}, not one value per row")
+        out[1 + i] = v.size
+        out[at:at + v.size] = v
+        at += v.size
+    return out
+
+
+def pack(mine: dict[str, np.ndarray], owned: Sequence[str]) -> np.ndarray:
+    """The message of ``mine`` in a new array."""
+    return pack_into(np.empty(message_length(mine)), mine, owned)
+
+
+#: Length of the message of a shard whose step raised: its status alone.
+FAILED_LENGTH = 1
+
+
+def mark_failed(out: np.ndarray) -> np.ndarray:
+    """Writes the message of a shard whose step raised into ``out`` (:data:`FAILED_LENGTH` values)."""
+    out[0] = FAILED
+    return out
+
+
+def unpack(message: np.ndarray, owned: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """The owned roots' log densities in ``message`` (views of it), or None when the sender failed."""
+    if message[0] != OK:
+        return None
+    k = len(owned)
+    lengths = message[1:1 + k].astype(np.int64)
+    ends = 1 + k + np.cumsum(lengths)
+    if len(message) != (ends[-1] if k else 1):
+        raise AssertionError(f"a coupling message of {len(message)} values does not hold {k} roots of {lengths.tolist()}")
+    return {r: message[end - n:end] for r, n, end in zip(owned, lengths.tolist(), ends.tolist())}
+
+
+def merge(messages: Sequence[np.ndarray], owned_by_shard: Sequence[Sequence[str]]) -> dict[str, np.ndarray] | None:
+    """Every owned root's log density from every shard's message (in shard order), or None
+    when some shard failed."""
+    every: dict[str, np.ndarray] = {}
+    for message, owned in zip(messages, owned_by_shard):
+        part = unpack(message, owned)
+        if part is None:
+            return None
+        every.update(part)
+    return every
