@@ -13,7 +13,7 @@ really holds (measured peak minus its data, over one block of rows) against the 
 ``models.cost.block_bytes_per_row`` (the nodes' kept bytes plus the largest scratch), the
 input the plan's working-array term multiplies.
 
-Writes ``bench/results/memory.{md,json}`` (``--out`` to change).
+Writes ``bench/results/memory.{md,json}`` (``memory_mpi`` with ``--executor mpi``; ``--out`` to change).
 """
 
 from __future__ import annotations
@@ -270,8 +270,11 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every model's rows")
     p.add_argument("--only", help="models whose name contains this")
     p.add_argument("--families", action="store_true", help="also the per-family table")
-    p.add_argument("--out", default=str(HERE / "results" / "memory"))
+    p.add_argument("--out", help="where to write .md and .json (default: bench/results/memory, "
+                                 "memory_mpi for --executor mpi)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = str(HERE / "results" / ("memory_mpi" if args.executor == "mpi" else "memory"))
     meta = {"executor": args.executor, "iterations": args.iterations, "scale": args.scale,
             "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores"}
     rows = measure_models(args.executor, args.scale, args.iterations, args.only)
