@@ -230,9 +230,6 @@ class _Blocking:
                 self.world.send(objs[r], dest=r, tag=_BCAST)
         return objs[root]
 
-    def allgather(self, group: _Group, obj) -> list:
-        return group.comm.allgather(obj)
-
     def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
         """Every member's float64 message (``fill`` writes this rank's ``size`` values), in
         group order, as views of one buffer: the sizes, then the values in place."""
@@ -341,14 +338,6 @@ class _Timed:
                     del blob
             return objs[root]
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
-
-    def allgather(self, group: _Group, obj) -> list:
-        blob = pickle.dumps(obj, protocol=PROTOCOL)
-        others = [r for r in group.members if r != self.me]
-        for r in others:
-            self.sends.append(self.data.Isend([blob, self.MPI.BYTE], r, group.tag))
-        got = self._receive(others, group.tag, group.what)
-        return [obj if r == self.me else got[r] for r in group.members]
 
     def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
         mine = np.empty(size)

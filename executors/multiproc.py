@@ -40,7 +40,7 @@ from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares, shard_model
+from .step import WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares, shard_model
 
 #: Environment every worker starts with, so that numpy's BLAS runs one thread per process.
 SINGLE_THREAD_ENV = {
@@ -273,9 +273,9 @@ class ProcessGrid:
         got = self._collect(f"in iteration {iteration}", self.timeout_s)
         shares, reduce_bytes = [], 0
         peaks, baselines = {}, {}
-        for spec, ((ll, compute, coupling, cbytes, received, peak, baseline), payload) in zip(self.layout, got):
+        for spec, ((ll, compute, couple_s, cbytes, received, peak, baseline), payload) in zip(self.layout, got):
             shares.append(WorkerShare(stats=pickle.loads(payload), loglik=ll, compute_s=compute,
-                                      coupling_s=coupling, coupling_bytes=cbytes, receive_s=received))
+                                      coupling_s=couple_s, coupling_bytes=cbytes, receive_s=received))
             reduce_bytes += len(payload)
             peaks[spec.name], baselines[spec.name] = peak, baseline
         d, m = self.shape

@@ -91,10 +91,10 @@ PARAM_STAT_COPIES = 3.0
 WORKER_BASE_BYTES = 2**18
 
 #: Copies of a block's exchanged log densities a worker holds while the shards of its
-#: replica exchange them: its own pickled, every shard's message received, and unpickled.
-#: Two-shard fits in ``bench/soak.py``: 249, 250 and 235 of 266 workers within 25% of the
-#: plan with 1, 2 and 3 copies (1: small composites up to 1.45x over it; 3: mixtures down to
-#: 0.63x).
+#: replica exchange them: its own densities as computed, and every shard's message (its own
+#: packed into it), which the downward pass reads in place (``executors.coupling``). With
+#: two copies, 266 of 266 workers of ``bench/soak.py``'s two-shard fits land within 25% of
+#: the plan.
 COUPLING_COPIES = 2.0
 
 #: With ``M > 1`` the shards of a replica meet once per block, so each waits for the

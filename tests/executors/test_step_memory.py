@@ -3,12 +3,11 @@ worker traces no more memory than running one (nothing of a block outlives it), 
 what the plan's memory model counts (``planner.costing``: one block of working arrays).
 
 Numpy's allocations are traced with ``tracemalloc``; the other shard's messages are
-computed beforehand and arrive pickled, as the executors move them."""
+computed beforehand and arrive as ``executors.coupling``'s messages, as the executors move them."""
 
 from __future__ import annotations
 
 import json
-import pickle
 import tracemalloc
 from dataclasses import replace
 
@@ -16,6 +15,7 @@ import numpy as np
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
+from executors import coupling
 from executors.step import WorkerStep, grid_layout
 from models.data import take_rows
 
@@ -27,13 +27,13 @@ BLOCK = 1500
 SLACK_BYTES = 64 * 1024
 
 
-def other_shard_messages(model, data, specs, shard: int) -> list[dict]:
-    """What the other shard sends at every block, from both shards run in lockstep."""
+def other_shard_messages(model, data, specs, shard: int) -> list[bytes]:
+    """What the other shard of two sends at every block, from both shards run in lockstep."""
     gens = [WorkerStep.from_full(model, spec, data).passes(model) for spec in specs]
     sent = [next(g) for g in gens]
     messages = []
     while True:
-        messages.append(pickle.dumps({k: v for s, m in enumerate(sent) if s != shard for k, v in m.items()}))
+        messages.append(coupling.pack(sent[1 - shard], specs[1 - shard].owned).tobytes())
         every = {k: v for m in sent for k, v in m.items()}
         try:
             sent = [g.send(every) for g in gens]
@@ -46,9 +46,10 @@ def traced_peak(model, data, spec, messages: list[bytes]) -> int:
     queue = []
 
     def exchange(mine):
-        every = dict(mine)
-        every.update(pickle.loads(queue.pop(0)))
-        return every
+        messages = [coupling.pack(mine, spec.owned), np.frombuffer(queue.pop(0))]  # as a pipe brings it
+        if spec.shard == 1:
+            messages.reverse()
+        return coupling.merge(messages, spec.replica_owned)
 
     queue[:] = messages
     step.run(model, exchange)  # caches warm

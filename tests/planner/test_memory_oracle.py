@@ -1,18 +1,18 @@
 """The plan's per-shard working memory against numpy's traced allocations while one worker
 runs one block of a model-parallel plan: its owned subtrees upward, the exchange of their
-log densities (pickled both ways, as the executors move them), the split nodes, and its
+log densities (as the executors move them: ``executors.coupling``'s messages), the split nodes, and its
 leaves' statistics. The whole-model case is in ``tests/models/test_costs.py``."""
 
 from __future__ import annotations
 
 import json
-import pickle
 import tracemalloc
 
 import numpy as np
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
+from executors import coupling
 from models.cost import owned_roots
 from models.data import n_rows, take_rows
 from models.engine import shard_down, shard_up
@@ -24,17 +24,17 @@ from tests.models.test_costs import FIXED_BLOCK_BYTES
 def traced_shard_block(model, data, roots: dict[str, int], shard: int) -> int:
     n = n_rows(data)
     mine_roots = [r for r, s in roots.items() if s == shard]
+    other_roots = [r for r, s in roots.items() if s != shard]
     # what the other shards send: their owned roots' log densities (computed outside the trace)
-    others = shard_up(model, take_rows(data, 0, n), [r for r, s in roots.items() if s != shard])[1]
+    others = shard_up(model, take_rows(data, 0, n), other_roots)[1]
 
     def run():
         block, w = take_rows(data, 0, n), np.ones(n)
         cache, mine = shard_up(model, block, mine_roots)
-        sent = pickle.dumps(mine)
-        received = pickle.dumps(others)  # what the other shards' messages bring
-        every = dict(mine)
-        every.update(pickle.loads(received))
-        del sent, received
+        sent = coupling.pack(mine, mine_roots)
+        received = np.frombuffer(coupling.pack(others, other_roots).tobytes())  # as a pipe brings it
+        every = coupling.merge([sent, received], [mine_roots, other_roots])
+        del mine
         return shard_down(model, block, w, mine_roots, cache, every, shard == 0)
 
     run()  # caches warm
