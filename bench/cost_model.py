@@ -120,6 +120,31 @@ def sized_data(model, seconds: float, seed: int, max_rows: int):
     return data
 
 
+def measure(seconds: float, repeats: int, max_rows: int = 4_000_000, seed: int = 0,
+            log=lambda *a, **k: None) -> tuple[float, float, dict]:
+    """The global rate (FLOP/s), the spread of the families' implied rates, and per family
+    its rows, measured seconds and FLOPs per row and implied rate."""
+    models = families(seed)
+    data = {}
+    for name, m in models.items():
+        data[name] = sized_data(m, seconds, seed, max_rows)
+        log(f"  sized {name}: {n_rows(data[name])} rows", flush=True)
+    best = {name: math.inf for name in models}
+    for _ in range(repeats):
+        for name, m in models.items():
+            best[name] = min(best[name], timed(m, data[name]))
+
+    rows = {}
+    for name, m in models.items():
+        n = n_rows(data[name])
+        spr = max(best[name] - visits_s(m, n), 0.1 * best[name]) / n
+        fl = flops_per_row(m)
+        rows[name] = {"rows": n, "seconds_per_row": spr, "flops_per_row": fl, "flops_per_s": fl / spr,
+                      "description": m.describe()}
+    rates = np.array([r["flops_per_s"] for r in rows.values()])
+    return float(np.exp(np.mean(np.log(rates)))), float(rates.max() / rates.min()), rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=0.5, help="target seconds per timed E-step")
@@ -136,27 +161,7 @@ def main(argv=None) -> int:
     except ImportError:
         pass
 
-    models = families(args.seed)
-    data = {}
-    for name, m in models.items():
-        data[name] = sized_data(m, args.seconds, args.seed, args.max_rows)
-        print(f"  sized {name}: {n_rows(data[name])} rows", flush=True)
-    best = {name: math.inf for name in models}
-    for _ in range(args.repeats):
-        for name, m in models.items():
-            best[name] = min(best[name], timed(m, data[name]))
-
-    rows = {}
-    for name, m in models.items():
-        n = n_rows(data[name])
-        spr = max(best[name] - visits_s(m, n), 0.1 * best[name]) / n
-        fl = flops_per_row(m)
-        rows[name] = {"rows": n, "seconds_per_row": spr, "flops_per_row": fl, "flops_per_s": fl / spr,
-                      "description": m.describe()}
-    rates = np.array([r["flops_per_s"] for r in rows.values()])
-    global_rate = float(np.exp(np.mean(np.log(rates))))
-    spread = float(rates.max() / rates.min())
-
+    global_rate, spread, rows = measure(args.seconds, args.repeats, args.max_rows, args.seed, log=print)
     print()
     print(f"{'family':14s} {'rows':>9s} {'FLOPs/row':>11s} {'measured s/row':>15s} {'predicted s/row':>16s} "
           f"{'pred/meas':>9s} {'implied GFLOP/s':>16s}")
@@ -170,7 +175,8 @@ def main(argv=None) -> int:
           f"{spread:.2f}x (limit {MAX_SPREAD:.0f}x): {'ok' if spread <= MAX_SPREAD else 'TOO WIDE'}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    units = {k: getattr(engine, k) for k in ("MATMUL_FLOPS", "SLOW_FLOPS", "SCAN_FLOPS", "ROW_ACCESS_FLOPS")}
+    units = {k: getattr(engine, k) for k in ("MATMUL_FLOPS", "GEMM_FLOPS", "SLOW_FLOPS", "VECTOR_FLOPS", "SCAN_FLOPS",
+                                            "ROW_ACCESS_FLOPS")}
     out = {"flops_per_s": global_rate, "per_family": {k: v["flops_per_s"] for k, v in rows.items()},
            "spread": spread, "units": units, "details": rows,
            "command": "python bench/cost_model.py " + " ".join(argv if argv is not None else sys.argv[1:])}
