@@ -12,6 +12,7 @@ The planner and executor tests reuse :func:`models` and :func:`models_with_data`
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,
@@ -348,3 +349,20 @@ def models_with_data(model_strategy: st.SearchStrategy[Node] | None = None, min_
     """
     model_strategy = models() if model_strategy is None else model_strategy
     return model_strategy.flatmap(lambda m: data_for(m, min_rows, max_rows).map(lambda x: (m, x)))
+
+
+@st.composite
+def split_in_two(draw, model_strategy: st.SearchStrategy[Node] | None = None) -> tuple[Node, dict[str, int]]:
+    """``(model, shard_of_leaf)``: a model of two or more leaves, each leaf on shard 0 or 1,
+    both shards used.
+
+    >>> split_in_two().example()
+    (Composite(...), {'0': 1, '1.0': 0, '1.1': 1})
+    """
+    model = draw(models() if model_strategy is None else model_strategy)
+    leaves = [p for p, _ in model.leaves()]
+    assume(len(leaves) >= 2)
+    shards = draw(st.lists(st.integers(0, 1), min_size=len(leaves), max_size=len(leaves)), label="shards")
+    if len(set(shards)) == 1:
+        shards[draw(st.integers(0, len(leaves) - 1), label="the leaf on the other shard")] ^= 1
+    return model, dict(zip(leaves, shards))

@@ -12,8 +12,7 @@ import tracemalloc
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import assume, given, note, settings
-from hypothesis import strategies as st
+from hypothesis import given, note, settings
 
 from executors import coupling
 from executors.step import WorkerStep, grid_layout
@@ -66,12 +65,9 @@ def traced_peak(model, data, spec, messages: list[bytes]) -> int:
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=S.models(), seed=S.seeds(), split=st.randoms(use_true_random=False))
-def test_a_model_parallel_worker_holds_one_block_however_many_it_runs(m, seed, split):
-    leaves = [p for p, _ in m.leaves()]
-    assume(len(leaves) >= 2)
-    shard_of = {p: split.randrange(2) for p in leaves}
-    assume(len(set(shard_of.values())) == 2)
+@given(split=S.split_in_two(), seed=S.seeds())
+def test_a_model_parallel_worker_holds_one_block_however_many_it_runs(split, seed):
+    m, shard_of = split
     note(json.dumps(m.to_spec()))
     note(repr(shard_of))
     n = 3 * BLOCK

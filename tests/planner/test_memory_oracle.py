@@ -9,8 +9,7 @@ import json
 import tracemalloc
 
 import numpy as np
-from hypothesis import assume, given, note
-from hypothesis import strategies as st
+from hypothesis import given, note
 
 from executors import coupling
 from models.cost import owned_roots
@@ -49,12 +48,9 @@ def traced_shard_block(model, data, roots: dict[str, int], shard: int) -> int:
     return peak
 
 
-@given(m=S.models(), seed=S.seeds(), split=st.randoms(use_true_random=False))
-def test_a_model_parallel_block_holds_what_the_plan_predicts(m, seed, split):
-    leaves = [p for p, _ in m.leaves()]
-    assume(len(leaves) >= 2)
-    shard_of = {p: split.randrange(2) for p in leaves}
-    assume(len(set(shard_of.values())) == 2)
+@given(split=S.split_in_two(), seed=S.seeds())
+def test_a_model_parallel_block_holds_what_the_plan_predicts(split, seed):
+    m, shard_of = split
     note(json.dumps(m.to_spec()))
     note(repr(shard_of))
     n = 2000
