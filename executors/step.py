@@ -39,7 +39,7 @@ from planner.plan import BalancePlan
 from . import faults
 from .memory import PeakMeter
 
-#: Pickle protocol of every payload (statistics, models, exchanged log densities).
+#: Pickle protocol of every pickled payload (statistics, models; the coupling moves flat arrays, executors.coupling).
 PROTOCOL = 5
 
 Exchange = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
