@@ -41,7 +41,8 @@ class Network(BaseModel):
 #: and two workers took 220-310 us together beyond the local executor's iteration
 #: (``bench/scaling.py``, six runs with both cores free): 150 us a collective.
 PIPES = Network(latency_s=150e-6, bytes_per_s=4e9)
-#: MPI ranks of one machine (mpi4py's pickled collectives over shared memory). In a tight
+#: MPI ranks of one machine (mpi4py's collectives over shared memory: pickled for models and
+#: statistics, float64 buffers for the coupling, ``executors.coupling``). In a tight
 #: loop a broadcast, gather and allgather of small objects between two ranks took 16, 39
 #: and 32 us (median), but inside the EM loop, where the ranks arrive out of step, a tiny
 #: model's gather and broadcast took 220-350 us together per iteration, waits included
