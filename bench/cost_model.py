@@ -47,12 +47,12 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian,  # noqa: E402
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian,  # noqa: E402
                     Gaussian, Mixture, Poisson, Sequence)
-from models import engine  # noqa: E402
-from models.data import n_rows  # noqa: E402
-from models.engine import e_step  # noqa: E402
-from planner.costing import block_counts, model_facts  # noqa: E402
+from emgrid.models import engine  # noqa: E402
+from emgrid.models.data import n_rows  # noqa: E402
+from emgrid.models.engine import e_step  # noqa: E402
+from emgrid.planner.costing import block_counts, model_facts  # noqa: E402
 
 #: Largest accepted max / min of the per-family implied rates.
 MAX_SPREAD = 3.0

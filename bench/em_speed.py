@@ -77,8 +77,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models import DiagGaussian, FullGaussian, Mixture, em_step, tree_costs  # noqa: E402
-from models.engine import block_rows  # noqa: E402
+from emgrid.models import DiagGaussian, FullGaussian, Mixture, em_step, tree_costs  # noqa: E402
+from emgrid.models.engine import block_rows  # noqa: E402
 
 #: Required speedups over scikit-learn per EM iteration (the issue's targets).
 TARGETS = {"diag": 5.0, "full": 4.0}
@@ -201,8 +201,8 @@ def sklearn_direct(gm, x, iters):
 
 def time_optimize(model, x, iters):
     """Per-iteration wall time of the public ``executors.optimize`` (local executor, one worker)."""
-    from executors import optimize
-    from planner import Resources
+    from emgrid.executors import optimize
+    from emgrid.planner import Resources
 
     res = optimize(x, model, resources=Resources.uniform(1), executor="local", max_iter=iters + 1, tol=0.0)
     totals = [t["total"] for t in res.timings[1:]]

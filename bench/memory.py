@@ -36,14 +36,14 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from executors import NpyDataset, get, optimize  # noqa: E402
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,  # noqa: E402
+from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,  # noqa: E402
                     Mixture, Poisson, Sequence, from_spec)
-from models.cost import block_bytes_per_row, tree_costs  # noqa: E402
-from models.engine import block_rows  # noqa: E402
-from planner import Resources, balance_plan  # noqa: E402
-from planner.costing import COUPLING_COPIES, fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
-from planner.plan import BalancePlan  # noqa: E402
+from emgrid.models.cost import block_bytes_per_row, tree_costs  # noqa: E402
+from emgrid.models.engine import block_rows  # noqa: E402
+from emgrid.planner import Resources, balance_plan  # noqa: E402
+from emgrid.planner.costing import COUPLING_COPIES, fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
+from emgrid.planner.plan import BalancePlan  # noqa: E402
 
 MiB = 2**20
 TOLERANCE = 0.25

@@ -23,8 +23,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
-from planner import InfeasiblePlanError, SolverConfig, balance_plan, validate_plan  # noqa: E402
-from planner.costing import model_facts  # noqa: E402
+from emgrid.planner import InfeasiblePlanError, SolverConfig, balance_plan, validate_plan  # noqa: E402
+from emgrid.planner.costing import model_facts  # noqa: E402
 from bench.planner_baselines import heuristic_plan, megatron_plan, mixle_plan  # noqa: E402
 from bench.planner_cases import MODELS, cases  # noqa: E402
 

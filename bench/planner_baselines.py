@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture, Poisson
-from models import Sequence
-from models.base import Node
-from planner import BalancePlan, Resources, plan_from_assignment
-from planner.costing import model_facts, replica_rows
-from planner.heuristics import columns, contiguous, equal_count, lpt
-from planner.placement import default_layout
-from planner.units import build_units
+from emgrid.models import HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture, Poisson
+from emgrid.models import Sequence
+from emgrid.models.base import Node
+from emgrid.planner import BalancePlan, Resources, plan_from_assignment
+from emgrid.planner.costing import model_facts, replica_rows
+from emgrid.planner.heuristics import columns, contiguous, equal_count, lpt
+from emgrid.planner.placement import default_layout
+from emgrid.planner.units import build_units
 
 
 # ---------------------------------------------------------------- mixle

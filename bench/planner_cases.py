@@ -13,11 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
-from models.base import Node
-from planner import Network, Resources, Worker
-from planner.costing import WORKER_BASE_BYTES, evaluate, leaf_bytes, model_facts
-from planner.resources import SHARED_MEMORY_MPI
+from emgrid.models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
+from emgrid.models.base import Node
+from emgrid.planner import Network, Resources, Worker
+from emgrid.planner.costing import WORKER_BASE_BYTES, evaluate, leaf_bytes, model_facts
+from emgrid.planner.resources import SHARED_MEMORY_MPI
 
 MPI = SHARED_MEMORY_MPI  # ranks of one machine
 ETHERNET = Network(latency_s=50e-6, bytes_per_s=1e9)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
                     Poisson, Sequence)
 
 LEAVES = ("Gaussian", "DiagGaussian", "FullGaussian", "Categorical", "Poisson", "Exponential")

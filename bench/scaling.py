@@ -53,12 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executors import NpyDataset, optimize  # noqa: E402
-from models import Composite, DiagGaussian, FullGaussian, Gaussian, Mixture  # noqa: E402
-from planner import Network, Resources, plan_from_assignment  # noqa: E402
-from planner.costing import model_facts  # noqa: E402
-from planner.plan import BalancePlan  # noqa: E402
-from planner.resources import DEFAULT_FLOPS_PER_S, PIPES, SHARED_MEMORY_MPI  # noqa: E402
+from emgrid.executors import NpyDataset, optimize  # noqa: E402
+from emgrid.models import Composite, DiagGaussian, FullGaussian, Gaussian, Mixture  # noqa: E402
+from emgrid.planner import Network, Resources, plan_from_assignment  # noqa: E402
+from emgrid.planner.costing import model_facts  # noqa: E402
+from emgrid.planner.plan import BalancePlan  # noqa: E402
+from emgrid.planner.resources import DEFAULT_FLOPS_PER_S, PIPES, SHARED_MEMORY_MPI  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

@@ -45,11 +45,11 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from bench.random_models import random_model  # noqa: E402
-from executors import NpyDataset, get, optimize  # noqa: E402
-from executors.faults import ENV as FAULT_ENV  # noqa: E402
-from models import from_spec  # noqa: E402
-from planner import Resources, balance_plan  # noqa: E402
-from planner.plan import BalancePlan  # noqa: E402
+from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.executors.faults import ENV as FAULT_ENV  # noqa: E402
+from emgrid.models import from_spec  # noqa: E402
+from emgrid.planner import Resources, balance_plan  # noqa: E402
+from emgrid.planner.plan import BalancePlan  # noqa: E402
 
 EXECUTORS = ("local", "multiprocessing", "mpi")
 MiB = 2**20
@@ -64,7 +64,7 @@ def make_job(index: int, seed: int, data_mib: float, max_rows: int, folder: Path
     truth, start = random_model(seed + index)
     n_leaves = len(start.leaves())
     grid = (1, 2) if index % 2 == 1 and n_leaves >= 2 else (2, 1)
-    from planner.costing import model_facts
+    from emgrid.planner.costing import model_facts
 
     per_row = max(float(model_facts(start).group_data.sum()), 8.0)
     n = int(min(max_rows, max(2000, data_mib * MiB / per_row)))
@@ -99,8 +99,8 @@ def fit_one(job: dict, executor: str, max_iter: int, timeout_s: float) -> dict:
 
 def _load(data):
     """Memory-mapped columns read into memory."""
-    from models import Ragged
-    from models.data import _ragged_unchecked
+    from emgrid.models import Ragged
+    from emgrid.models.data import _ragged_unchecked
 
     if data is None:
         return None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from models import Node, n_rows
-from models.errors import ConfigError, PlanError
-from planner.plan import BalancePlan
-from planner.resources import Resources
+from emgrid.models import Node, n_rows
+from emgrid.models.errors import ConfigError, PlanError
+from emgrid.planner.plan import BalancePlan
+from emgrid.planner.resources import Resources
 
 from .datafiles import NpyDataset
 from .protocol import Callback, Executor, FitJob
@@ -51,7 +51,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     if plan is None:
         plan = ex.make_plan(model, resources if resources is not None else ex.default_resources(), n)
     elif resources is not None:
-        from planner import validate_plan
+        from emgrid.planner import validate_plan
 
         validate_plan(plan, model, resources, n)
     check_plan_matches(plan, model, n)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models import Node, Ragged, n_rows
-from models.data import Data, _ragged_unchecked
-from models.errors import DataError
+from emgrid.models import Node, Ragged, n_rows
+from emgrid.models.data import Data, _ragged_unchecked
+from emgrid.models.errors import DataError
 
 LAYOUT = "layout.json"
 

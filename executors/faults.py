@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models import Stats
-from models.errors import ConfigError
+from emgrid.models import Stats
+from emgrid.models.errors import ConfigError
 
 ENV = "EMGRID_FAULT"
 KINDS = ("raise", "exit", "kill", "nan", "hang")

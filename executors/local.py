@@ -10,7 +10,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import ClassVar
 
-from models import Node
+from emgrid.models import Node
 
 from .loop import GridOutcome, run_em
 from .memory import PeakMeter

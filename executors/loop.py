@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
 
-from models import Node, Stats
-from models.errors import FitError
+from emgrid.models import Node, Stats
+from emgrid.models.errors import FitError
 
 from .protocol import FitJob
 from .result import FitResult

@@ -128,7 +128,7 @@ def warm_up(model) -> None:
     try:
         import numpy as np
 
-        from models.engine import e_step
+        from emgrid.models.engine import e_step
 
         e_step(model, model.prepare(model.sample(4, np.random.default_rng(0))))
     except Exception:  # noqa: BLE001 - only a warm-up

@@ -60,10 +60,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from models import Node
-from models.errors import ConfigError, FitError, PlanError
-from planner.plan import BalancePlan
-from planner.resources import Resources
+from emgrid.models import Node
+from emgrid.models.errors import ConfigError, FitError, PlanError
+from emgrid.planner.plan import BalancePlan
+from emgrid.planner.resources import Resources
 
 from . import coupling
 from .loop import GridOutcome, critical_path, run_em

@@ -31,8 +31,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from models import Node
-from models.errors import ConfigError, FitError
+from emgrid.models import Node
+from emgrid.models.errors import ConfigError, FitError
 
 from . import coupling
 from .datafiles import NpyDataset

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Union, runtime_checkable
 
-from models import Node, take_rows
-from models.data import Data
-from planner.plan import BalancePlan
-from planner.resources import Resources
+from emgrid.models import Node, take_rows
+from emgrid.models.data import Data
+from emgrid.planner.plan import BalancePlan
+from emgrid.planner.resources import Resources
 
 from .datafiles import NpyDataset
 from .result import FitResult
@@ -74,7 +74,7 @@ class BaseExecutor:
         return Resources.local()
 
     def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan:
-        from planner import balance_plan
+        from emgrid.planner import balance_plan
 
         return balance_plan(model, resources, n_data=n_data)
 

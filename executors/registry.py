@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib
 
-from models.errors import ConfigError
+from emgrid.models.errors import ConfigError
 
 from .protocol import Executor
 
 #: name -> "module:Class", imported on first use (mpi4py loads only when "mpi" is asked for).
 _REGISTRY: dict[str, str] = {
-    "local": "executors.local:LocalExecutor",
-    "multiprocessing": "executors.multiproc:MultiprocessingExecutor",
-    "mpi": "executors.mpi:MpiExecutor",
+    "local": "emgrid.executors.local:LocalExecutor",
+    "multiprocessing": "emgrid.executors.multiproc:MultiprocessingExecutor",
+    "mpi": "emgrid.executors.mpi:MpiExecutor",
 }
 
 

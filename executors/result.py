@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models import Node
-from planner.plan import BalancePlan
+from emgrid.models import Node
+from emgrid.planner.plan import BalancePlan
 
 #: Phases of one EM iteration, in the order they run.
 PHASES = ("broadcast", "compute", "coupling", "reduce", "mstep")

@@ -29,12 +29,12 @@ from time import perf_counter
 
 import numpy as np
 
-from models import Composite, Node, Ragged, Stats, owned_roots, take_rows
-from models.cost import split_nodes
-from models.base import child_path
-from models.data import Data, _ragged_unchecked
-from models.engine import block_rows, shard_block, shard_down, shard_up
-from planner.plan import BalancePlan
+from emgrid.models import Composite, Node, Ragged, Stats, owned_roots, take_rows
+from emgrid.models.cost import split_nodes
+from emgrid.models.base import child_path
+from emgrid.models.data import Data, _ragged_unchecked
+from emgrid.models.engine import block_rows, shard_block, shard_down, shard_up
+from emgrid.planner.plan import BalancePlan
 
 from . import faults
 from .memory import PeakMeter

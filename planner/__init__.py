@@ -5,7 +5,7 @@ model (``planner.costing``), and solves the leaf-to-shard placement exactly with
 ``validate_plan`` checks any plan without the solver.
 """
 
-from models.errors import InfeasiblePlanError, PlanError
+from emgrid.models.errors import InfeasiblePlanError, PlanError
 
 from .build import plan_from_assignment
 from .config import SolverConfig

@@ -38,9 +38,9 @@ import math
 
 import numpy as np
 
-from models.cost import ceil_log2
+from emgrid.models.cost import ceil_log2
 
-from models.engine import NODE_CALL_S
+from emgrid.models.engine import NODE_CALL_S
 
 from .costing import (COUPLING_COPIES, WORKER_BASE_BYTES, ModelFacts, block_counts, compute_factor, fixed_bytes,
                       mstep_s)

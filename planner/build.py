@@ -10,8 +10,8 @@ import numbers
 
 import numpy as np
 
-from models.base import Node
-from models.errors import PlanError
+from emgrid.models.base import Node
+from emgrid.models.errors import PlanError
 
 from .costing import Evaluation, ModelFacts, evaluate, model_facts, resources_fingerprint
 from .plan import BalancePlan, ModelCut

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from models.cost import ceil_log2
+from emgrid.models.cost import ceil_log2
 
-from models.engine import NODE_CALL_S
+from emgrid.models.engine import NODE_CALL_S
 
 from .costing import COUPLING_COPIES, WORKER_BASE_BYTES, compute_factor, fixed_bytes
 from .scaling import Scale

@@ -69,9 +69,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.base import Node
-from models.cost import ceil_log2, tree_costs
-from models.engine import ESTIMATE_S, ITERATION_S, NODE_CALL_S, block_rows
+from emgrid.models.base import Node
+from emgrid.models.cost import ceil_log2, tree_costs
+from emgrid.models.engine import ESTIMATE_S, ITERATION_S, NODE_CALL_S, block_rows
 
 from .plan import Breakdown, WorkerLoad
 from .resources import Resources

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from models.errors import ConfigError
+from emgrid.models.errors import ConfigError
 
 #: Effective FLOP rate of one core running emgrid's E-step kernels. ``bench/cost_model.py``
 #: measures it on a machine and writes ``bench/results/calibration.json``; pass

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.base import Node
-from models.errors import InfeasiblePlanError, PlanError
+from emgrid.models.base import Node
+from emgrid.models.errors import InfeasiblePlanError, PlanError
 
 from .bounds import Bounds
 from .build import assemble, check_grid, check_inputs

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from models.base import Node
-from models.errors import PlanError
+from emgrid.models.base import Node
+from emgrid.models.errors import PlanError
 
 from .build import check_inputs
 from .costing import evaluate, model_facts, resources_fingerprint

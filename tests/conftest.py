@@ -13,7 +13,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
-# The repository root is importable whether or not emgrid is installed.
+# The repository root is importable, for the `tests` and `bench` helpers (emgrid itself is
+# imported as the installed `emgrid` package).
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

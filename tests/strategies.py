@@ -15,9 +15,9 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,
                     Mixture, Poisson, Sequence)
-from models.base import Node
+from emgrid.models.base import Node
 
 #: Most leaves a drawn tree holds.
 MAX_LEAVES = 8

@@ -7,10 +7,10 @@ Model and data rows live in ``tests/models/test_bad_input.py`` and config rows i
 import numpy as np
 import pytest
 
-from models import FullGaussian, Gaussian, Mixture
-from models.errors import ConfigError, DataError, EmgridError, InfeasiblePlanError, PlanError
-from planner import Resources, balance_plan, validate_plan
-from executors import optimize
+from emgrid.models import FullGaussian, Gaussian, Mixture
+from emgrid.models.errors import ConfigError, DataError, EmgridError, InfeasiblePlanError, PlanError
+from emgrid.planner import Resources, balance_plan, validate_plan
+from emgrid.executors import optimize
 
 MIX = Mixture([Gaussian(0.0, 1.0), Gaussian(1.0, 1.0)], [0.5, 0.5])
 MIX3 = Mixture([Gaussian(0.0, 1.0), Gaussian(1.0, 1.0), Gaussian(2.0, 1.0)], [0.3, 0.3, 0.4])

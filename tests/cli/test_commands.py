@@ -19,7 +19,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def emgrid(*args, cwd=None, timeout=300):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "emgrid_cli.main", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "emgrid.cli.main", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout, env=env)
 
 
@@ -63,7 +63,7 @@ def test_plan_prints_table_and_json(tmp_path):
     assert "grid" in r.stdout and "why:" in r.stdout
     r = emgrid("plan", cfg, "--json", "--workers", 3, "--memory", "1GiB")
     assert r.returncode == 0, r.stderr
-    from planner import BalancePlan
+    from emgrid.planner import BalancePlan
 
     plan = BalancePlan.from_json(r.stdout)
     assert plan.workers_total == 3
@@ -77,7 +77,7 @@ def test_fit_writes_model_and_report(tmp_path):
     trace = report["log_likelihood"]
     assert len(trace) == report["iterations"] >= 2
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(trace, trace[1:]))
-    from models import load_model
+    from emgrid.models import load_model
 
     fitted = load_model(tmp_path / "out" / "model.json")
     means = sorted(float(c.mean) for c in fitted.children)
@@ -142,8 +142,8 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 
 def _write_forever(folder):
-    from emgrid_cli.checkpoint import write_checkpoint
-    from models import DiagGaussian
+    from emgrid.cli.checkpoint import write_checkpoint
+    from emgrid.models import DiagGaussian
 
     i = 0
     while True:
@@ -152,7 +152,7 @@ def _write_forever(folder):
 
 
 def test_kill_during_checkpoint_write_leaves_previous_readable(tmp_path):
-    from emgrid_cli.checkpoint import read_checkpoint
+    from emgrid.cli.checkpoint import read_checkpoint
 
     ctx = mp.get_context("spawn")
     for delay in (0.6, 0.9, 1.3):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emgrid_cli.config import load_config, parse_config, parse_memory
-from models.errors import ConfigError
+from emgrid.cli.config import load_config, parse_config, parse_memory
+from emgrid.models.errors import ConfigError
 
 GOOD = """
 [model]
@@ -98,7 +98,7 @@ def test_any_parsed_toml_validates_or_fails_cleanly(raw):
 @pytest.mark.parametrize("kind, coordinates", [("local", False), ("multiprocessing", False), ("mpi", True)])
 def test_under_mpi_the_plan_counts_the_coordinating_worker(tmp_path, kind, coordinates):
     """The MPI executor's rank of cell (0, 0) also runs the M-step; the others run it apart."""
-    from emgrid_cli.session import build_resources
+    from emgrid.cli.session import build_resources
 
     cfg = load_config(write(tmp_path, GOOD.replace('kind = "local"', f'kind = "{kind}"')))
     assert build_resources(cfg).coordinator_in_grid is coordinates

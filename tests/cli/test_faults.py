@@ -2,7 +2,7 @@
 (mpi) mid-fit: exit 3 in bounded time, one line naming the worker and the iteration, a
 readable checkpoint, and ``--resume`` finishes the fit. Under MPI a rank that dies takes the
 job down with it, rank 0 included: the parent that started ``mpiexec`` reports it
-(``emgrid_cli.launch``), whatever status ``mpiexec`` exits with."""
+(``emgrid.cli.launch``), whatever status ``mpiexec`` exits with."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emgrid_cli.checkpoint import read_checkpoint, write_checkpoint
-from emgrid_cli.launch import ENV as RECORD_ENV
-from emgrid_cli.launch import launch
+from emgrid.cli.checkpoint import read_checkpoint, write_checkpoint
+from emgrid.cli.launch import ENV as RECORD_ENV
+from emgrid.cli.launch import launch
 
 CONFIG = """
 [model]
@@ -45,7 +45,7 @@ def emgrid(*args, cwd, fault=None, timeout=120):
     env.pop("EMGRID_FAULT", None)
     if fault:
         env["EMGRID_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "emgrid_cli.main", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "emgrid.cli.main", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout, env=env)
 
 
@@ -164,7 +164,7 @@ sys.exit({status})
     ({}, 13, 3, r"emgrid: fit failed: an MPI rank died before the fit started .* with status 13; the checkpoint"),
 ], ids=["reported", "reported-failure", "clean", "judged-by-rank-1", "died", "died-unwatched"])
 def test_the_mpi_launcher_reports_what_the_ranks_recorded(tmp_path, capsys, files, status, code, line):
-    from models import Gaussian
+    from emgrid.models import Gaussian
 
     from tests.executors.plans import grid_plan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import Composite, Gaussian, Mixture, Poisson, Sequence
+from emgrid.models import Composite, Gaussian, Mixture, Poisson, Sequence
 
 ROWS = 1200  # three blocks of the model below (block_rows = 436)
 

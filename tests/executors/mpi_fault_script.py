@@ -20,9 +20,9 @@ if str(ROOT) not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-from executors import get, optimize  # noqa: E402
+from emgrid.executors import get, optimize  # noqa: E402
 from fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
-from models.errors import FitError  # noqa: E402
+from emgrid.models.errors import FitError  # noqa: E402
 from plans import grid_plan  # noqa: E402
 
 

@@ -19,8 +19,8 @@ if str(ROOT) not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-from executors import get, optimize  # noqa: E402
-from models.errors import PlanError  # noqa: E402
+from emgrid.executors import get, optimize  # noqa: E402
+from emgrid.models.errors import PlanError  # noqa: E402
 from sample_models import nested_model, nested_data  # noqa: E402
 from plans import grid_plan  # noqa: E402
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner import Resources, plan_from_assignment
-from planner.plan import BalancePlan, Breakdown, ModelCut, WorkerLoad
+from emgrid.planner import Resources, plan_from_assignment
+from emgrid.planner.plan import BalancePlan, Breakdown, ModelCut, WorkerLoad
 
 
 def even_rows(n: int, d: int) -> tuple[int, ...]:

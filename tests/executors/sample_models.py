@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import HMM, Categorical, Composite, DiagGaussian, Gaussian, Mixture, Poisson, Sequence
+from emgrid.models import HMM, Categorical, Composite, DiagGaussian, Gaussian, Mixture, Poisson, Sequence
 
 
 def nested_model():

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from executors import coupling
+from emgrid.executors import coupling
 
 densities = arrays(np.float64, st.integers(0, 40), elements=st.floats(allow_nan=False, width=64))
 parts = st.lists(st.lists(densities, max_size=4), min_size=1, max_size=4)

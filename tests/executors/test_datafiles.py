@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executors import NpyDataset
-from models import Gaussian, Ragged, take_rows
-from models.errors import DataError
+from emgrid.executors import NpyDataset
+from emgrid.models import Gaussian, Ragged, take_rows
+from emgrid.models.errors import DataError
 
 from ..strategies import models_with_data
 

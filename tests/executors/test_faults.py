@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from executors import get, optimize
-from executors.faults import ENV, Fault, parse
-from models.errors import ConfigError, FitError
+from emgrid.executors import get, optimize
+from emgrid.executors.faults import ENV, Fault, parse
+from emgrid.models.errors import ConfigError, FitError
 
 from .fault_models import ROWS, blocky_data, blocky_model
 from .plans import grid_plan
@@ -227,7 +227,7 @@ def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
      r"no answer within 5 s in iteration 3 from rank 0 \(worker 'w0', replica 0, shard 0, pid (\d+)\)$"),
 ], ids=["worker", "worker-mid-exchange", "coordinator"])
 def test_a_hung_mpi_rank_hits_the_executor_timeout_and_the_job_is_aborted(fault, grid, timeout_s, judge, expected):
-    from executors.mpi import ABORT_STATUS
+    from emgrid.executors.mpi import ABORT_STATUS
 
     proc, wall = run_mpi(fault, *grid, timeout_s=timeout_s, deadline_s=60)  # a hang fails the test in 60 s
     out = proc.stdout + proc.stderr

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from executors import get, optimize
-from models import n_rows
-from models.errors import PlanError
+from emgrid.executors import get, optimize
+from emgrid.models import n_rows
+from emgrid.models.errors import PlanError
 
 from .plans import assert_same_bytes, assert_same_trace, grid_plan
 

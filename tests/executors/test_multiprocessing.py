@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from executors import NpyDataset, get, optimize
-from models import n_rows
-from models.errors import FitError
+from emgrid.executors import NpyDataset, get, optimize
+from emgrid.models import n_rows
+from emgrid.models.errors import FitError
 
 from .plans import assert_same_bytes, assert_same_trace, grid_plan
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors import optimize
-from models import HMM, DiagGaussian, FullGaussian, Gaussian, Mixture, n_rows
-from models.floors import VAR_FLOOR
+from emgrid.executors import optimize
+from emgrid.models import HMM, DiagGaussian, FullGaussian, Gaussian, Mixture, n_rows
+from emgrid.models.floors import VAR_FLOOR
 
 from .plans import assert_same_trace, grid_plan
 

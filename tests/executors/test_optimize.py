@@ -7,12 +7,12 @@ import pickle
 import numpy as np
 import pytest
 
-import executors
-from executors import FitResult, NpyDataset, get, optimize
-from executors.result import PHASES
-from models import Composite, Gaussian, Mixture, Poisson, n_rows
-from models.errors import ConfigError, FitError, PlanError
-from planner import Resources
+from emgrid import executors
+from emgrid.executors import FitResult, NpyDataset, get, optimize
+from emgrid.executors.result import PHASES
+from emgrid.models import Composite, Gaussian, Mixture, Poisson, n_rows
+from emgrid.models.errors import ConfigError, FitError, PlanError
+from emgrid.planner import Resources
 
 from .plans import assert_same_trace, grid_plan
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors import optimize
-from models import HMM, Categorical, Composite, DiagGaussian, Exponential, Gaussian, Mixture, Poisson, coupling_bytes_per_row
+from emgrid.executors import optimize
+from emgrid.models import HMM, Categorical, Composite, DiagGaussian, Exponential, Gaussian, Mixture, Poisson, coupling_bytes_per_row
 
 from .plans import grid_plan
 

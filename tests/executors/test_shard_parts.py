@@ -11,10 +11,10 @@ import pytest
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
-from executors.step import Elsewhere, grid_layout, restrict_columns, shard_model
-from models import Composite, Gaussian, Poisson, Ragged, Sequence
-from models.data import n_rows
-from models.engine import shard_block, shard_down, shard_up
+from emgrid.executors.step import Elsewhere, grid_layout, restrict_columns, shard_model
+from emgrid.models import Composite, Gaussian, Poisson, Ragged, Sequence
+from emgrid.models.data import n_rows
+from emgrid.models.engine import shard_block, shard_down, shard_up
 
 from .. import strategies as S
 from .plans import grid_plan

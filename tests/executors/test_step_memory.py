@@ -14,9 +14,9 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import given, note, settings
 
-from executors import coupling
-from executors.step import WorkerStep, grid_layout
-from models.data import take_rows
+from emgrid.executors import coupling
+from emgrid.executors.step import WorkerStep, grid_layout
+from emgrid.models.data import take_rows
 
 from .. import strategies as S
 from .plans import grid_plan

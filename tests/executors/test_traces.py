@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
-from executors import optimize
-from models import DiagGaussian, FullGaussian, Gaussian, n_rows
-from models.engine import e_step
+from emgrid.executors import optimize
+from emgrid.models import DiagGaussian, FullGaussian, Gaussian, n_rows
+from emgrid.models.engine import e_step
 
 from .. import strategies as S
 from .plans import assert_same_trace, grid_plan, hand_plan
@@ -94,12 +94,12 @@ def test_a_tree_held_whole_by_one_of_two_shards_runs_on_that_shard(nested):
 
 def test_blocks_within_a_worker_do_not_change_the_trace(nested, monkeypatch):
     """Many small row blocks (the exchange runs once per block) give the same trace."""
-    import models.engine as engine
+    import emgrid.models.engine as engine
 
     model, data = nested
     n = n_rows(model.prepare(data))
     expected = oracle_trace(model, data)
-    monkeypatch.setattr("executors.step.block_rows", lambda model: 37)
+    monkeypatch.setattr("emgrid.executors.step.block_rows", lambda model: 37)
     for d, m in [(1, 1), (2, 3)]:
         res = optimize(data, model, plan=grid_plan(model, n, d, m), max_iter=ITERATIONS, tol=0.0)
         assert_same_trace(res.log_likelihood, expected)
@@ -117,7 +117,7 @@ def test_the_trace_of_exact_em_does_not_decrease(nested):
 def test_shards_hold_what_their_leaves_read_and_every_offsets_level():
     """Shared columns stay where any reader lives; a shard evaluating a split sequence
     above leaves it does not hold still gets that sequence's offsets at every level."""
-    from models import Composite, Mixture, Poisson, Sequence
+    from emgrid.models import Composite, Mixture, Poisson, Sequence
 
     shared = Mixture([Composite([Gaussian(0.0, 1.0), Poisson(1.0)]), Composite([Gaussian(2.0, 1.0), Poisson(3.0)])],
                      [0.5, 0.5])

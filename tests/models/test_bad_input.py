@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
                     Node, Poisson, Ragged, Sequence, load_model)
-from models.errors import DataError, ModelError, SpecError
+from emgrid.models.errors import DataError, ModelError, SpecError
 
 G = Gaussian(0.0, 1.0)
 DG = DiagGaussian([0.0, 0.0], [1.0, 1.0])

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, note, settings
 
-from models import (HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Node, NodeCost,
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Node, NodeCost,
                     Sequence, Stats, tree_costs)
-from models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_cost, block_bytes_per_row, data_lengths
-from models.data import n_rows, take_rows
-from models.engine import shard_block
+from emgrid.models.cost import COUPLING_BYTES, ROW_WEIGHT_BYTES, batch_cost, block_bytes_per_row, data_lengths
+from emgrid.models.data import n_rows, take_rows
+from emgrid.models.engine import shard_block
 
 from tests import strategies as S
 

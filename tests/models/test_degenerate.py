@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import (HMM, Categorical, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture, Poisson,
+from emgrid.models import (HMM, Categorical, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture, Poisson,
                     Ragged, Sequence, n_rows)
-from models.engine import em_step
-from models.floors import PROB_FLOOR, RATE_FLOOR, VAR_FLOOR
+from emgrid.models.engine import em_step
+from emgrid.models.floors import PROB_FLOOR, RATE_FLOOR, VAR_FLOOR
 
 
 def all_finite(node) -> bool:

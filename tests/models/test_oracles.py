@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import special, stats
 
-from models import (HMM, Categorical, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
+from emgrid.models import (HMM, Categorical, DiagGaussian, Exponential, FullGaussian, Gaussian, Mixture,
                     Poisson, Ragged, Sequence)
 
 from tests import strategies as S

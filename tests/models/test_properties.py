@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-import models
-from models import (HMM, Categorical, Composite, DiagGaussian, Exponential, Gaussian, Mixture, Node,
+from emgrid import models
+from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, Gaussian, Mixture, Node,
                     Poisson, Ragged, Sequence, n_rows, take_rows)
-from models.engine import e_step, em_step
+from emgrid.models.engine import e_step, em_step
 
 from tests import strategies as S
 

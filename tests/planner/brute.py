@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from planner.costing import model_facts, price, replica_rows, shard_sums
-from planner.placement import candidate_layouts
-from planner.solve import enumerate_grids
+from emgrid.planner.costing import model_facts, price, replica_rows, shard_sums
+from emgrid.planner.placement import candidate_layouts
+from emgrid.planner.solve import enumerate_grids
 
 
 def assignments(n_leaves: int, m: int):

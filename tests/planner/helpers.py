@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
-from planner import Network, Resources, SolverConfig, Worker
-from planner.costing import WORKER_BASE_BYTES, evaluate, model_facts
+from emgrid.models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
+from emgrid.planner import Network, Resources, SolverConfig, Worker
+from emgrid.planner.costing import WORKER_BASE_BYTES, evaluate, model_facts
 
 #: CP-SAT settings of every test: fixed seed, two search workers, short limit.
 SOLVER = SolverConfig(seed=0, num_workers=2, time_limit_s=20.0)

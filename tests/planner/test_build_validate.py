@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models import Gaussian, Mixture
-from planner import BalancePlan, PlanError, Resources, plan_from_assignment, validate_plan
+from emgrid.models import Gaussian, Mixture
+from emgrid.planner import BalancePlan, PlanError, Resources, plan_from_assignment, validate_plan
 from tests.planner.helpers import nest, uniform, whole_model_memory
 
 
@@ -153,10 +153,10 @@ def test_validate_does_not_import_ortools():
     import ast
     from pathlib import Path
 
-    import planner.costing
-    import planner.validate
+    import emgrid.planner.costing
+    import emgrid.planner.validate
 
-    for mod in (planner.validate, planner.costing):
+    for mod in (emgrid.planner.validate, emgrid.planner.costing):
         tree = ast.parse(Path(mod.__file__).read_text())
         names = {a.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                  for a in node.names} | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

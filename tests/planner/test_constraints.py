@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
-from planner import constraints as C
-from planner.costing import SYNC_WAIT_SHARE, model_facts, mstep_s, price, shard_sums
-from planner.placement import make_layout
-from planner.program import make_instance
-from planner.scaling import Scale
-from planner.units import build_units
-from planner.variables import ShardVars
+from emgrid.planner import constraints as C
+from emgrid.planner.costing import SYNC_WAIT_SHARE, model_facts, mstep_s, price, shard_sums
+from emgrid.planner.placement import make_layout
+from emgrid.planner.program import make_instance
+from emgrid.planner.scaling import Scale
+from emgrid.planner.units import build_units
+from emgrid.planner.variables import ShardVars
 from tests.planner.helpers import mixed, small_nest, uniform
 
 N_DATA = 5000
@@ -29,7 +29,7 @@ def program(model, res, d, m, families, fix=None, reference=0.02):
     ut = build_units(facts, 64)
     layout = make_layout(res, d, m)
     speeds = np.array([w.flops_per_s for w in res.workers])[np.asarray(layout.grid)]
-    from planner.costing import replica_rows
+    from emgrid.planner.costing import replica_rows
 
     rows = replica_rows(N_DATA, speeds.min(axis=1))
     scale = Scale.for_instance(reference, max([w.memory_bytes or 0 for w in res.workers] + [1]))
@@ -212,7 +212,7 @@ def test_ownership_is_infeasible_when_a_node_is_whole_on_a_shard_it_does_not_hol
 
 @pytest.mark.parametrize("family", [C.first_fit_symmetry, C.identical_units])
 def test_symmetry_families_forbid_the_non_canonical_labelling(family):
-    from models import Mixture
+    from emgrid.models import Mixture
 
     from tests.planner.helpers import dg, probs
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import Categorical, Mixture
-from planner import InfeasiblePlanError, balance_plan, validate_plan
-from planner.costing import coordinator_bytes, evaluate, model_facts
+from emgrid.models import Categorical, Mixture
+from emgrid.planner import InfeasiblePlanError, balance_plan, validate_plan
+from emgrid.planner.costing import coordinator_bytes, evaluate, model_facts
 from tests.planner.helpers import probs, uniform, whole_model_memory
 
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models import Categorical, Composite, Gaussian, Mixture
-from models.cost import coupling_bytes_per_row, owned_roots, split_nodes, tree_costs
-from planner.costing import model_facts, model_fingerprint, replica_rows, shard_sums
+from emgrid.models import Categorical, Composite, Gaussian, Mixture
+from emgrid.models.cost import coupling_bytes_per_row, owned_roots, split_nodes, tree_costs
+from emgrid.planner.costing import model_facts, model_fingerprint, replica_rows, shard_sums
 from tests.planner.helpers import dg, fg, nest, probs
 from tests.strategies import models
 

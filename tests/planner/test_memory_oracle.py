@@ -11,11 +11,11 @@ import tracemalloc
 import numpy as np
 from hypothesis import given, note
 
-from executors import coupling
-from models.cost import owned_roots
-from models.data import n_rows, take_rows
-from models.engine import shard_down, shard_up
-from planner.costing import COUPLING_COPIES, leaf_shard_array, model_facts, shard_sums
+from emgrid.executors import coupling
+from emgrid.models.cost import owned_roots
+from emgrid.models.data import n_rows, take_rows
+from emgrid.models.engine import shard_down, shard_up
+from emgrid.planner.costing import COUPLING_COPIES, leaf_shard_array, model_facts, shard_sums
 from tests import strategies as S
 from tests.models.test_costs import FIXED_BLOCK_BYTES
 

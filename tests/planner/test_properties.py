@@ -12,12 +12,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import BalancePlan, Network, Resources, Worker, balance_plan, validate_plan
-from planner.costing import model_facts, price, replica_rows, shard_sums
-from planner.heuristics import HEURISTICS, columns
-from planner.placement import candidate_layouts
-from planner.solve import enumerate_grids
-from planner.units import build_units
+from emgrid.planner import BalancePlan, Network, Resources, Worker, balance_plan, validate_plan
+from emgrid.planner.costing import model_facts, price, replica_rows, shard_sums
+from emgrid.planner.heuristics import HEURISTICS, columns
+from emgrid.planner.placement import candidate_layouts
+from emgrid.planner.solve import enumerate_grids
+from emgrid.planner.units import build_units
 from tests.planner.helpers import SOLVER, whole_model_memory
 from tests.strategies import models
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from models import Categorical, Composite, Gaussian, Mixture, Poisson, Sequence
-from models.errors import EmgridError
-from planner import (InfeasiblePlanError, PlanError, Resources, SolverConfig, balance_plan, plan_from_assignment,
+from emgrid.models import Categorical, Composite, Gaussian, Mixture, Poisson, Sequence
+from emgrid.models.errors import EmgridError
+from emgrid.planner import (InfeasiblePlanError, PlanError, Resources, SolverConfig, balance_plan, plan_from_assignment,
                      validate_plan)
-from planner.costing import model_facts
+from emgrid.planner.costing import model_facts
 from tests.planner.helpers import (FAST_NET, SOLVER, dg, fg, heavy_mixture, mixed, nest, probs, uniform,
                                    memory_share)
 
@@ -178,8 +178,8 @@ def test_time_limit_returns_the_best_heuristic_with_its_gap():
 
 
 def test_a_solver_bound_above_a_heuristic_plan_is_reported_as_a_fault(monkeypatch):
-    import planner.solve as solve_mod
-    from planner.program import ProgramResult
+    import emgrid.planner.solve as solve_mod
+    from emgrid.planner.program import ProgramResult
 
     def lying(inst, hint, cfg, limit):
         return ProgramResult(status="optimal", unit_shard=None, objective_ticks=None, bound_ticks=1e12,

@@ -7,8 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from models import Node, from_spec
-from models.errors import ConfigError
+from emgrid.models import Node, from_spec
+from emgrid.models.errors import ConfigError
 
 CHECKPOINT = "checkpoint.json"
 

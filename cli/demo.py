@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import Categorical, Composite, Exponential, FullGaussian, Mixture, Poisson, Sequence
+from emgrid.models import Categorical, Composite, Exponential, FullGaussian, Mixture, Poisson, Sequence
 
 
 def _record(probs, mean, cov, count_rate, wait_rate):

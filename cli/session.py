@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models import Node, concat_rows, from_spec, load_model
-from models.data import unflatten
-from models.errors import ConfigError, DataError
+from emgrid.models import Node, concat_rows, from_spec, load_model
+from emgrid.models.data import unflatten
+from emgrid.models.errors import ConfigError, DataError
 
 from .config import RunConfig
 
@@ -67,8 +67,8 @@ def build_resources(cfg: RunConfig):
 
 
 def _config_resources(cfg: RunConfig):
-    from planner import Network, Resources
-    from planner.resources import DEFAULT_FLOPS_PER_S
+    from emgrid.planner import Network, Resources
+    from emgrid.planner.resources import DEFAULT_FLOPS_PER_S
 
     r = cfg.resources
     flops = r.flops_per_s or DEFAULT_FLOPS_PER_S
@@ -87,7 +87,7 @@ def _config_resources(cfg: RunConfig):
 
 
 def build_solver(cfg: RunConfig):
-    from planner import SolverConfig
+    from emgrid.planner import SolverConfig
 
     s = cfg.solver
     return SolverConfig(**{k: v for k, v in s.model_dump().items() if v is not None})

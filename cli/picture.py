@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.errors import ConfigError
+from emgrid.models.errors import ConfigError
 
 
 def draw_plan(plan, path: str) -> None:

@@ -62,7 +62,7 @@ def _config(args):
         try:
             res["memory"] = parse_memory(args.memory)
         except ValueError as e:
-            from models.errors import ConfigError
+            from emgrid.models.errors import ConfigError
 
             raise ConfigError(f"--memory: {e}") from None
     if args.flops is not None:
@@ -74,7 +74,7 @@ def _config(args):
 
 
 def _plan(cfg, model, n):
-    from planner import balance_plan
+    from emgrid.planner import balance_plan
 
     from .session import build_resources, build_solver
 
@@ -107,7 +107,7 @@ def _n_data(cfg, model) -> int:
 
 
 def _n_rows(data):
-    from models import n_rows
+    from emgrid.models import n_rows
 
     return n_rows(data)
 
@@ -137,7 +137,7 @@ def _launch_mpi(args, cfg) -> int:
 
     Exits with the command's own code as rank 0 reports it; a job that ends without rank 0's
     report (a rank died and ``mpiexec`` killed the others) is a failed fit: 3, and one line
-    naming the rank, the iteration and the checkpoint (see ``emgrid_cli.launch``).
+    naming the rank, the iteration and the checkpoint (see ``emgrid.cli.launch``).
     """
     from .launch import launch
     from .session import build_model
@@ -146,7 +146,7 @@ def _launch_mpi(args, cfg) -> int:
     plan = _plan(cfg, model, _n_data(cfg, model))
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
-           "emgrid_cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
+           "emgrid.cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
     return launch(cmd, plan, cfg.resolve(cfg.fit.output), cfg.fit.max_iter)
 
 
@@ -160,9 +160,9 @@ def _rank() -> int:
 
 
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -> int:
-    from executors import get as get_executor
-    from executors import optimize
-    from models.errors import FitError
+    from emgrid.executors import get as get_executor
+    from emgrid.executors import optimize
+    from emgrid.models.errors import FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
     from .progress import Progress
@@ -252,8 +252,8 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
 def cmd_demo(args) -> int:
     import numpy as np
 
-    from executors import optimize
-    from planner import Resources, balance_plan
+    from emgrid.executors import optimize
+    from emgrid.planner import Resources, balance_plan
 
     from .demo import demo_start, demo_truth
     from .progress import Progress
@@ -291,7 +291,7 @@ def cmd_advise(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from models.errors import EmgridError, FitError
+    from emgrid.models.errors import EmgridError, FitError
 
     handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise}
     record = None

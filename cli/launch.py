@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 ENV = "EMGRID_MPI_RECORD"
-#: The command's exit code for a fit that failed while running (as emgrid_cli.main's EXIT_FAILED).
+#: The command's exit code for a fit that failed while running (as emgrid.cli.main's EXIT_FAILED).
 EXIT_FAILED = 3
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -169,7 +169,7 @@ def _first_to_exit(proc: subprocess.Popen, folder: Path, n_ranks: int) -> list[i
 
 
 def _rank_names(plan) -> dict[int, str]:
-    from executors.mpi import rank_map
+    from emgrid.executors.mpi import rank_map
 
     grid = plan.worker_grid()
     return {rank: f"rank {rank} (worker {grid[r][s]!r}, replica {r}, shard {s})"
@@ -193,7 +193,7 @@ def _death(first: list[int] | None, plan, status: int, finished: int | None, max
 
 
 def _checkpoint_note(out: Path) -> str:
-    from models.errors import ConfigError
+    from emgrid.models.errors import ConfigError
 
     from .checkpoint import CHECKPOINT, read_checkpoint
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from models.errors import ConfigError
+from emgrid.models.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

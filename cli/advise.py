@@ -13,7 +13,7 @@ import textwrap
 import time
 import numpy as np
 
-from models import Gaussian, e_step, n_rows, take_rows
+from emgrid.models import Gaussian, e_step, n_rows, take_rows
 
 
 def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3) -> float:
@@ -29,8 +29,8 @@ def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3) 
 
 def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | None:
     """Seconds per iteration of a tiny fit (a Gaussian on 64 rows) with ``workers`` workers."""
-    from executors import optimize
-    from planner import Resources, balance_plan
+    from emgrid.executors import optimize
+    from emgrid.planner import Resources, balance_plan
 
     if kind == "mpi":
         return _mpi_overhead(workers, iterations)
@@ -47,9 +47,9 @@ def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | 
 
 _MPI_SCRIPT = textwrap.dedent("""
     import time, numpy as np
-    from models import Gaussian
-    from planner import Resources, balance_plan
-    from executors import optimize
+    from emgrid.models import Gaussian
+    from emgrid.planner import Resources, balance_plan
+    from emgrid.executors import optimize
     m = Gaussian(0.0, 1.0); d = m.prepare(m.sample(64, np.random.default_rng(0)))
     from mpi4py import MPI
     n = MPI.COMM_WORLD.Get_size()
