@@ -42,9 +42,11 @@ def test_a_component_collapsing_onto_one_point_is_floored_and_the_fit_goes_on(fa
     plan = grid_plan(model, len(x), 2, 1)
     res = optimize(x, model, plan=plan, executor=executor, max_iter=12, tol=0.0)
     assert res.iterations == 12 or res.converged  # ran on (to an exact fixed point), no FitError
-    # non-decreasing up to round-off: at the floor a 2x2 covariance has condition ~1e6, and the
-    # FullGaussian trace wobbles by ~3e-9 relative once it sits at its fixed point
-    assert np.all(np.isfinite(res.log_likelihood)) and non_decreasing(res.log_likelihood, rtol=1e-8)
+    # non-decreasing up to round-off: at the floor a 2x2 covariance has condition ~1e6, the
+    # lifted covariance is not the exact constrained maximizer, and the FullGaussian trace
+    # wobbles at its fixed point by an amount that depends on the CPU's BLAS kernels (up to
+    # 1.6e-8 relative seen on an AMD EPYC); a real failure of the floor is orders larger
+    assert np.all(np.isfinite(res.log_likelihood)) and non_decreasing(res.log_likelihood, rtol=1e-7)
     assert finite_params(res.model)
     collapsed = res.model.components[1]
     spread = collapsed.var if family != "FullGaussian" else np.linalg.eigvalsh(collapsed.cov)
