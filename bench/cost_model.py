@@ -9,7 +9,7 @@ geometric mean, which minimizes the squared log error of the predicted times).
 
 The analytic counts are what the planner balances with, so what matters is that one rate
 predicts every family: the spread (max / min) of the implied rates must stay within 3x.
-The counts are in the units of ``models.engine`` (one elementwise float64 operation; matrix
+The counts are in the units of ``models.units`` (one elementwise float64 operation; matrix
 products, exp/log, gathers and running sums weighted by their relative time), so the rate
 is "elementwise operations per second", about 2e9 on one core of the reference machine.
 
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian,  # noqa: E402
                     Gaussian, Mixture, Poisson, Sequence)
-from emgrid.models import engine  # noqa: E402
+from emgrid.models import units as cost_units  # noqa: E402
 from emgrid.models.data import n_rows  # noqa: E402
 from emgrid.models.engine import e_step  # noqa: E402
 from emgrid.planner.costing import block_counts, model_facts  # noqa: E402
@@ -95,7 +95,7 @@ def visits_s(model, n: int) -> float:
     every node's visits of every block (``planner.costing.price``), which the implied rate
     leaves out."""
     facts = model_facts(model)
-    return float(block_counts(n, facts.block_rows)) * float(facts.calls.sum()) * engine.NODE_CALL_S
+    return float(block_counts(n, facts.block_rows)) * float(facts.calls.sum()) * cost_units.NODE_CALL_S
 
 
 def timed(model, data) -> float:
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
           f"{spread:.2f}x (limit {MAX_SPREAD:.0f}x): {'ok' if spread <= MAX_SPREAD else 'TOO WIDE'}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    units = {k: getattr(engine, k) for k in ("MATMUL_FLOPS", "GEMM_FLOPS", "SLOW_FLOPS", "VECTOR_FLOPS", "SCAN_FLOPS",
+    units = {k: getattr(cost_units, k) for k in ("MATMUL_FLOPS", "GEMM_FLOPS", "SLOW_FLOPS", "VECTOR_FLOPS", "SCAN_FLOPS",
                                             "ROW_ACCESS_FLOPS")}
     out = {"flops_per_s": global_rate, "per_family": {k: v["flops_per_s"] for k, v in rows.items()},
            "spread": spread, "units": units, "details": rows,

@@ -1,8 +1,10 @@
-"""The node contract every family implements, and the tree-wide operations built on it.
+"""The family contract: the hooks a family fills, and the tree-wide operations built on them.
 
-A family implements a few *own* hooks (its work with children excluded); the recursive
-log-density, statistics and M-step are the engine's (``models.engine``) so that the same
-passes run on a whole tree in one process and on one model shard of a grid.
+A family declares its fields in ``schema`` (``models.schema``) and fills a few *own* hooks
+(its work with children excluded); the recursive log density, statistics and M-step are the
+engine's (``models.engine``), so that the same passes run on a whole tree in one process
+and on one model shard of a grid. The hooks, when the engine calls them and what they
+return are listed on :class:`Node`, :class:`Leaf` and :class:`Internal`.
 """
 
 from __future__ import annotations
@@ -11,25 +13,55 @@ from typing import ClassVar
 
 import numpy as np
 
-from .cost import NodeCost
+from . import engine
+from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
+from .schema import Children, Field, Param, spec_field, spec_list
 from .stats import OwnStats, Stats
+from .tree import batch_class, child_path
 
+__all__ = ["FAMILIES", "Node", "Leaf", "Internal", "from_spec", "child_path", "batch_class", "float_column",
+           "int_column", "prepare_by_any"]
+
+#: Every family by name (filled as family classes are defined): what specs name.
 FAMILIES: dict[str, type["Node"]] = {}
 
 
-def child_path(path: str, i: int) -> str:
-    """Path of child ``i`` below ``path`` (dotted child indices, root ``""``)."""
-    return f"{path}.{i}" if path else str(i)
-
-
 class Node:
-    """A node of a model tree. Subclasses set ``family`` and implement the own hooks."""
+    """A node of a model tree.
+
+    A family subclasses :class:`Leaf` or :class:`Internal`, sets ``family`` and ``schema``,
+    and fills the hooks below. Every hook receives data already in the canonical encoding
+    (``models.data``) and returns new objects; nodes are immutable.
+
+    ============================================  ================================  =================================
+    hook (every family)                           called                            returns
+    ============================================  ================================  =================================
+    ``__init__(**fields)``                        by users and ``from_spec``        calls ``_init_fields`` (checks)
+    ``data_type() -> str``                        on construction of a parent      a signature of the data it reads
+    ``_prepare(data, where) -> Data``             once per ``prepare``              the canonical encoding, checked
+    ``_estimate(own, children) -> Node``          M-step, children already fitted   a new node
+    ``_sample(n, rng) -> Data``                   ``sample``                        ``n`` rows
+    ``cost() -> NodeCost``                        ``models.cost.tree_costs``        own per-row cost
+    ``describe() -> str``                         plans, errors                     a short name (default: family)
+    ``child_rows(i) -> float``                    costs                             rows of child ``i`` per row (1)
+    ``child_data_shares() -> ndarray``            costs (``shares_child_data``)     each child's share of the rows
+    ============================================  ================================  =================================
+
+    The fields, their checks, ``params``, ``to_spec``, ``from_spec`` and ``n_parameters`` come
+    from ``schema`` (see ``models.schema``). A family whose data is ragged (``reads_ragged``)
+    has a ``mean_length`` and takes ``cost(length=...)`` for the mean length its data has.
+    """
 
     family: ClassVar[str] = ""
+    #: the family's fields in spec order (numeric parameters and children)
+    schema: ClassVar[tuple[Field, ...]] = ()
+    #: the names of ``schema``'s fields (set from it)
     spec_fields: ClassVar[tuple[str, ...]] = ()
+    #: whether ``_distribute`` returns statistics of its own (a composite has none)
     has_own_stats: ClassVar[bool] = True
+    #: whether every child reads this node's data column (a mixture's components)
     shares_child_data: ClassVar[bool] = False
     #: its data is a ``Ragged`` of its children's rows, ``mean_length`` of them per row on
     #: average (a sequence, an HMM)
@@ -38,8 +70,26 @@ class Node:
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
+        cls.spec_fields = tuple(f.name for f in cls.schema)
         if cls.family:
             FAMILIES[cls.family] = cls
+
+    def _init_fields(self, **values) -> dict[str, np.ndarray]:
+        """Checks ``values`` against ``schema`` in its order and sets them: each parameter as
+        a read-only float64 array attribute of its name, the children as ``children``.
+        Returns the checks' by-products by field name (the Cholesky factor of a covariance)."""
+        fields: dict[str, np.ndarray] = {}
+        extras: dict[str, np.ndarray] = {}
+        for f in self.schema:
+            if isinstance(f, Children):
+                self.children = f.check(values[f.name], self.family, Node)
+                continue
+            arr, extra = f.check(values[f.name], self.family, fields, len(self.children))
+            fields[f.name] = arr
+            setattr(self, f.name, arr)
+            if extra is not None:
+                extras[f.name] = extra
+        return extras
 
     # ---------------------------------------------------------------- tree structure
     @property
@@ -89,6 +139,7 @@ class Node:
         return data
 
     def _prepare(self, data, where: str) -> Data:
+        """The canonical encoding of ``data``; errors name ``where`` (e.g. ``data[0].values``)."""
         raise NotImplementedError
 
     def prepare_weights(self, weights, n: int) -> np.ndarray:
@@ -108,16 +159,12 @@ class Node:
     # ---------------------------------------------------------------- public contract
     def log_density(self, data) -> np.ndarray:
         """Log density of every row, shape ``(n_rows,)``."""
-        from .engine import log_density
-
-        return log_density(self, self.prepare(data))
+        return engine.log_density(self, self.prepare(data))
 
     def accumulate(self, data, weights=None) -> Stats:
         """Additive sufficient statistics of (weighted) rows, keyed by node path."""
-        from .engine import accumulate
-
         data = self.prepare(data)
-        return accumulate(self, data, self.prepare_weights(weights, n_rows(data)))
+        return engine.accumulate(self, data, self.prepare_weights(weights, n_rows(data)))
 
     def estimate(self, stats: Stats, path: str = "") -> "Node":
         """The M-step: a new node fitted to ``stats`` (as returned by ``accumulate``)."""
@@ -142,21 +189,47 @@ class Node:
         raise NotImplementedError
 
     def params(self) -> dict[str, np.ndarray]:
-        """The node's own parameters as arrays (their nbytes are ``param_bytes``)."""
-        return {}
+        """The node's own parameters as arrays, in schema order (their nbytes are ``param_bytes``)."""
+        return {f.name: getattr(self, f.name) for f in self.schema if isinstance(f, Param)}
+
+    def own_n_parameters(self) -> int:
+        """Free parameters of this node's own density (children excluded)."""
+        return sum(f.n_free(getattr(self, f.name)) for f in self.schema if isinstance(f, Param))
+
+    def n_parameters(self) -> int:
+        """Free parameters of the whole tree (what BIC and AIC count)."""
+        return sum(node.own_n_parameters() for _, node in self.nodes())
 
     def to_spec(self) -> dict:
-        """A JSON-ready dict: ``{"family": ..., <params>..., <children>...}``."""
-        raise NotImplementedError
+        """A JSON-ready dict: ``{"family": ..., <fields in schema order>...}``."""
+        out: dict = {"family": self.family}
+        for f in self.schema:
+            if isinstance(f, Children):
+                out[f.name] = [c.to_spec() for c in self.children] if f.many else self.children[0].to_spec()
+            else:
+                out[f.name] = f.to_json(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def _from_spec(cls, spec: dict) -> "Node":
+        """The node a spec describes (its fields checked against ``schema`` by ``from_spec``)."""
+        values = {}
+        for f in cls.schema:
+            if isinstance(f, Children):
+                values[f.name] = ([from_spec(c) for c in spec_list(spec, f.name, cls.family)] if f.many
+                                  else from_spec(spec_field(spec, f.name, cls.family)))
+            elif f.default is not None:
+                values[f.name] = spec.get(f.name, f.default)
+            else:
+                values[f.name] = spec_field(spec, f.name, cls.family)
+        return cls(**values)
 
     @staticmethod
     def from_spec(spec: dict) -> "Node":
-        from .spec import from_spec
-
         return from_spec(spec)
 
     def copy(self) -> "Node":
-        return Node.from_spec(self.to_spec())
+        return from_spec(self.to_spec())
 
     def __repr__(self) -> str:
         return f"{self.family}(...)" if self.children else f"{self.family}({self._param_repr()})"
@@ -170,25 +243,58 @@ class Node:
 
     # ---------------------------------------------------------------- own hooks
     def _sample(self, n: int, rng: np.random.Generator) -> Data:
+        """``n`` rows drawn from this node (children sample through their own ``_sample``)."""
         raise NotImplementedError
 
     def _estimate(self, own: OwnStats, children: tuple["Node", ...]) -> "Node":
+        """A new node from its own statistics (``()`` without ``has_own_stats``) and its
+        children already fitted."""
         raise NotImplementedError
 
 
-def batch_class(node: Node) -> type | None:
-    """The leaf class whose batched kernels evaluate all of ``node``'s children in one
-    pass (they read one data column and are leaves of one class), else None."""
-    if not node.shares_child_data or len(node.children) < 2:
-        return None
-    cls = type(node.children[0])
-    if not all(type(c) is cls and c.is_leaf for c in node.children):
-        return None
-    return cls
+def from_spec(spec) -> Node:
+    """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError."""
+    if isinstance(spec, Node):
+        return spec
+    if not isinstance(spec, dict):
+        raise SpecError(f"a model spec must be a mapping with a 'family' key, got {type(spec).__name__}")
+    family = spec.get("family")
+    if family is None:
+        raise SpecError(f"model spec is missing field 'family' (keys: {sorted(spec)})")
+    cls = FAMILIES.get(family)
+    if cls is None:
+        raise SpecError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}")
+    unknown = sorted(set(spec) - {"family", *cls.spec_fields})
+    if unknown:
+        raise SpecError(f"{family} spec has unknown field(s) {unknown}; allowed: {list(cls.spec_fields)}")
+    return cls._from_spec(spec)
 
 
 class Leaf(Node):
-    """A node with data of its own and no children."""
+    """A node with data of its own and no children.
+
+    ===================================================  ============================  ==============================
+    hook                                                 called                        returns
+    ===================================================  ============================  ==============================
+    ``_log_density(data)``                               upward pass, alone            ``(n,)`` log densities
+    ``_accumulate(data, w)``                             downward pass, alone          own statistics (a tuple)
+    ``batch_prepare(leaves, data)``  (classmethod)       upward pass, sibling batch    ``work`` shared by both passes
+    ``batch_log_density(leaves, data, work, offsets)``   upward pass, sibling batch    ``(K, n)``, a fresh array
+    ``batch_accumulate(leaves, data, W, work)``          downward pass, sibling batch  one own-statistics per leaf
+    ``batch_cost(leaves)``                               ``tree_costs``                ``BatchCost`` or None
+    ===================================================  ============================  ==============================
+
+    A *sibling batch* is every child of a parent whose children share one data column and
+    are leaves of one class (``models.tree.batch_class``): a mixture's components, an HMM's
+    emissions. The defaults run the per-leaf hooks one leaf at a time; a family overrides
+    them with matrix forms that give the same numbers.
+    """
+
+    #: ``batch_log_density`` adds the parent's per-child log offsets inside its own product
+    #: (where they cost nothing); the engine then passes them and the parent combines
+    #: shifted log densities. Only kernels that build a shared block (``batch_cost`` not
+    #: None) do so; the others receive ``offsets=None`` and the parent adds them itself.
+    batch_takes_offsets: ClassVar[bool] = False
 
     def _log_density(self, data: Data) -> np.ndarray:
         raise NotImplementedError
@@ -196,68 +302,68 @@ class Leaf(Node):
     def _accumulate(self, data: Data, w: np.ndarray) -> OwnStats:
         raise NotImplementedError
 
-    # Batched kernels over sibling leaves of one class (a mixture's or an HMM's
-    # components). The defaults loop; families override with matrix forms.
     @classmethod
-    def _batch_log_density(cls, leaves: tuple["Leaf", ...], data: Data) -> np.ndarray:
+    def batch_prepare(cls, leaves: tuple["Leaf", ...], data: Data):
+        """The work both passes of a sibling batch share (a feature block and the stacked
+        parameters), built once per row block; None when there is none."""
+        return None
+
+    @classmethod
+    def batch_log_density(cls, leaves: tuple["Leaf", ...], data: Data, work, offsets: np.ndarray | None) -> np.ndarray:
+        """Log densities of every leaf, ``(K, n)``, a fresh array; plus ``offsets[k]`` in row
+        ``k`` when given (only to kernels with ``batch_takes_offsets``)."""
         return np.stack([leaf._log_density(data) for leaf in leaves])
 
     @classmethod
-    def _batch_accumulate(cls, leaves: tuple["Leaf", ...], data: Data, W: np.ndarray) -> list[OwnStats]:
+    def batch_accumulate(cls, leaves: tuple["Leaf", ...], data: Data, W: np.ndarray, work) -> list[OwnStats]:
+        """Each leaf's own statistics under its row weights ``W[k]``."""
         return [leaf._accumulate(data, w) for leaf, w in zip(leaves, W)]
 
-    def to_spec(self) -> dict:
-        out = {"family": self.family}
-        for k, v in self.params().items():
-            v = np.asarray(v)
-            out[k] = v.tolist() if v.ndim else float(v)
-        return out
+    @classmethod
+    def batch_cost(cls, leaves: tuple["Leaf", ...]) -> BatchCost | None:
+        """The cost of a batch that builds a shared block, per row of the leaves' data; None
+        when the batch costs what its leaves cost alone."""
+        return None
 
 
 class Internal(Node):
-    """A node whose density combines its children's."""
+    """A node whose density combines its children's.
+
+    ==============================================  ================================  ===============================
+    hook                                            called                            returns
+    ==============================================  ================================  ===============================
+    ``_child_data(data, i)``                        both passes, per child            the data child ``i`` reads
+    ``child_log_offsets()``                         upward pass, before a batch       ``(K,)`` offsets or None
+    ``_combine(data, child_lds, shifted)``          upward pass, children evaluated   ``(ld, aux)``
+    ``_distribute(data, w, child_lds, ld, aux)``    downward pass                     ``(child_ws, own)``
+    ==============================================  ================================  ===============================
+    """
 
     def _child_data(self, data: Data, i: int) -> Data:
+        """The data child ``i`` reads: a field of a record, a sequence's positions, or this
+        node's data itself (``shares_child_data``)."""
         raise NotImplementedError
 
-    def _combine(self, data: Data, child_lds) -> tuple[np.ndarray, object]:
-        """Own log density per row from the children's; returns ``(ld, aux)`` for ``_split``."""
+    def child_log_offsets(self) -> np.ndarray | None:
+        """Per-child constants the node adds to its children's log densities (a mixture's log
+        weights), which a batched kernel with ``batch_takes_offsets`` adds inside its own
+        product instead; None when there are none (or one is not finite)."""
+        return None
+
+    def _combine(self, data: Data, child_lds, shifted: bool) -> tuple[np.ndarray, object]:
+        """Own log density per row from the children's: ``child_lds`` is a list of ``(n_i,)``
+        arrays, or a batched kernel's ``(K, n)`` array (``shifted``: with
+        ``child_log_offsets()`` already added). Returns ``(ld, aux)``; ``aux`` goes to
+        ``_distribute``."""
         raise NotImplementedError
 
-    def _split(self, data: Data, w: np.ndarray, child_lds, ld: np.ndarray, aux) -> tuple[list, OwnStats]:
-        """Row weights for each child and this node's own statistics."""
+    def _distribute(self, data: Data, w: np.ndarray, child_lds, ld: np.ndarray, aux) -> tuple[list, OwnStats]:
+        """Row weights for each child (a list, or a ``(K, n)`` array) and this node's own
+        statistics, from its row weights ``w`` and the upward pass's results."""
         raise NotImplementedError
 
 
-# ---------------------------------------------------------------- validation helpers
-def as_float_array(value, name: str, family: str, ndim: int) -> np.ndarray:
-    try:
-        arr = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ModelError(f"{family}.{name} must be numeric, got {value!r}") from None
-    if arr.ndim != ndim:
-        raise ModelError(f"{family}.{name} must have {ndim} dimension(s), got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ModelError(f"{family}.{name} must be finite, got {arr}")
-    arr.setflags(write=False)
-    return arr
-
-
-def check_positive(arr: np.ndarray, name: str, family: str) -> None:
-    if np.any(arr <= 0):
-        raise ModelError(f"{family}.{name} must be > 0, got {arr.min() if arr.ndim else float(arr)}")
-
-
-def check_probs(p: np.ndarray, name: str, family: str, axis: int = -1) -> None:
-    if p.size == 0:
-        raise ModelError(f"{family}.{name} must not be empty")
-    if np.any(p < 0):
-        raise ModelError(f"{family}.{name} must be >= 0, got {p.min()}")
-    sums = p.sum(axis=axis)
-    if not np.allclose(sums, 1.0, atol=1e-6):
-        raise ModelError(f"{family}.{name} must sum to 1, got sum {np.round(sums, 6)}")
-
-
+# ---------------------------------------------------------------- data helpers
 def float_column(data, where: str, family: str) -> np.ndarray:
     """A finite float64 column of shape (n,)."""
     if isinstance(data, (tuple, Ragged)):
@@ -294,20 +400,6 @@ def int_column(data, where: str, family: str) -> np.ndarray:
     if x.ndim != 1:
         raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
     return x.astype(np.int64, copy=False)
-
-
-def spec_field(spec: dict, key: str, family: str):
-    if key not in spec:
-        raise SpecError(f"{family} spec is missing field {key!r}")
-    return spec[key]
-
-
-def spec_list(spec: dict, key: str, family: str) -> list:
-    """A spec field that holds a list of child specs."""
-    value = spec_field(spec, key, family)
-    if not isinstance(value, (list, tuple)):
-        raise SpecError(f"{family} spec field {key!r} must be a list of model specs, got {type(value).__name__}")
-    return list(value)
 
 
 def prepare_by_any(children: tuple[Node, ...], data, where: str) -> Data:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, as_float_array, check_probs, int_column, spec_field
+from .base import Leaf, int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, PROB_FLOOR
+from .schema import SIMPLEX, Param
+from .units import SLOW_FLOPS
 
 
 def floor_probs(p: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -35,24 +37,16 @@ def _lookup(logp: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 class Categorical(Leaf):
     family = "Categorical"
-    spec_fields = ("probs",)
+    schema = (Param("probs", 1, SIMPLEX),)
 
     def __init__(self, probs):
-        self.probs = as_float_array(probs, "probs", self.family, 1)
-        check_probs(self.probs, "probs", self.family)
+        self._init_fields(probs=probs)
         with np.errstate(divide="ignore"):
             self._logp = np.log(self.probs)
 
     @property
     def n_values(self):
         return self.probs.size
-
-    def params(self):
-        return {"probs": self.probs}
-
-    @classmethod
-    def _from_spec(cls, spec):
-        return cls(spec_field(spec, "probs", cls.family))
 
     def describe(self):
         return f"Categorical V={self.n_values}"
@@ -80,10 +74,10 @@ class Categorical(Leaf):
         return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64),)
 
     @classmethod
-    def _batch_log_density(cls, leaves, x):
+    def batch_log_density(cls, leaves, x, work, offsets):
         if len({c.n_values for c in leaves}) == 1:
             return _lookup(np.stack([c._logp for c in leaves]), x)
-        return super()._batch_log_density(leaves, x)
+        return super().batch_log_density(leaves, x, work, offsets)
 
     def _estimate(self, own, children):
         (counts,) = own
@@ -96,8 +90,6 @@ class Categorical(Leaf):
         return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)
 
     def cost(self):
-        from .engine import SLOW_FLOPS
-
         v = self.n_values
         # log density: support check (min, max) and a gather; counts: the check and a bincount
         flops = 4 + 2 * SLOW_FLOPS

@@ -4,36 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, spec_list
+from .base import Internal
 from .cost import NodeCost
 from .data import n_rows
-from .errors import DataError, ModelError
+from .errors import DataError
+from .schema import Children
 
 
 class Composite(Internal):
     """A record: data is a tuple with one column per child; the density is their product."""
 
     family = "Composite"
-    spec_fields = ("children",)
+    schema = (Children("children"),)
     has_own_stats = False
 
     def __init__(self, children):
-        children = tuple(children)
-        if not children:
-            raise ModelError("Composite.children must hold at least one node, got 0")
-        for i, c in enumerate(children):
-            if not isinstance(c, Node):
-                raise ModelError(f"Composite.children[{i}] must be a model node, got {type(c).__name__}")
-        self.children = children
-
-    @classmethod
-    def _from_spec(cls, spec):
-        from .spec import from_spec
-
-        return cls([from_spec(c) for c in spec_list(spec, "children", cls.family)])
-
-    def to_spec(self):
-        return {"family": self.family, "children": [c.to_spec() for c in self.children]}
+        self._init_fields(children=children)
 
     def describe(self):
         return f"Composite of {len(self.children)}"
@@ -55,13 +41,13 @@ class Composite(Internal):
     def _child_data(self, data, i):
         return data[i]
 
-    def _combine(self, data, child_lds):
+    def _combine(self, data, child_lds, shifted):
         total = np.array(child_lds[0], dtype=np.float64, copy=True)
         for ld in child_lds[1:]:
             total += ld
         return total, None
 
-    def _split(self, data, w, child_lds, ld, aux):
+    def _distribute(self, data, w, child_lds, ld, aux):
         return [w] * len(self.children), ()
 
     def _estimate(self, own, children):

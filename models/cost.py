@@ -9,8 +9,8 @@ children are split. :func:`tree_costs` rescales every node to rows of the root
 Coupling convention (the executors implement exactly this): when a node's subtree is
 split across shards, every child subtree held whole by one shard ships its log density,
 one float64 per row of that child, to the other shards of the replica. So the bytes per
-root row are ``8 * rows_per_root_row`` summed over the *owned roots* (unsplit nodes whose
-parent is split); see :func:`coupling_bytes_per_row`.
+root row are ``8 * rows_per_root_row`` summed over the *shard roots* (nodes held whole
+whose parent spans shards); see ``models.shard.coupling_bytes_per_row``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from .tree import batch_class, child_path
+
 if TYPE_CHECKING:
     from .base import Node
 
@@ -29,7 +31,7 @@ PICKLE_ARRAY_OVERHEAD = 150
 #: Pickle overhead of one node entry (path key, tuple) and of a float scalar.
 PICKLE_ENTRY_OVERHEAD = 24
 PICKLE_SCALAR = 9
-#: Bytes one owned-root log density puts on the wire per row of that node.
+#: Bytes one shard root's log density puts on the wire per row of that node.
 COUPLING_BYTES = 8
 #: A block's row weights (one float64 per root row), charged to the root's kept bytes.
 ROW_WEIGHT_BYTES = 8
@@ -55,7 +57,7 @@ class NodeCost(BaseModel):
     coupling_bytes_per_row: float
     work_bytes_per_row: float
     scratch_bytes_per_row: float = 0.0
-    #: Python-level passes one block costs the node, each ``engine.NODE_CALL_S`` of
+    #: Python-level passes one block costs the node, each ``units.NODE_CALL_S`` of
     #: interpreter time whatever the block's rows (an HMM loops over its time steps).
     calls_per_block: float = 1.0
 
@@ -111,7 +113,7 @@ class BatchCost(NamedTuple):
 
 def batch_cost(node: "Node") -> BatchCost | None:
     """The batched kernel of ``node``'s children, per row of the node's own rows, when they
-    run as one kernel that builds a shared block (``Leaf._batch_cost``), else None.
+    run as one kernel that builds a shared block (``Leaf.batch_cost``), else None.
 
     The block is charged to the parent and each child's FLOPs are its component share; the
     children have no scratch of their own, and where the parent adds its per-child log
@@ -132,12 +134,16 @@ def _per_node_row(node: "Node", b: BatchCost | None, rows: float | None = None) 
 
 def _child_batch_cost(node: "Node") -> BatchCost | None:
     """:func:`batch_cost` per row of the children's data."""
-    from .base import batch_class
-
     cls = batch_class(node)
-    if cls is None or getattr(cls, "_batch_cost", None) is None:
-        return None
-    return cls._batch_cost(node.children)
+    return None if cls is None else cls.batch_cost(node.children)
+
+
+def _adds_offsets_in_batch(node: "Node") -> bool:
+    """Whether ``node``'s children run as a batched kernel that adds the node's per-child log
+    offsets in its product: the kernel's output is then the node's, and the children keep no
+    log densities of their own."""
+    cls = batch_class(node)
+    return cls is not None and cls.batch_takes_offsets and node.child_log_offsets() is not None
 
 
 def block_bytes_per_row(costs: list[PlacedCost]) -> float:
@@ -187,8 +193,6 @@ def data_lengths(model: "Node") -> dict[str, float]:
     HMM) read one column together, which holds every component's rows, so a component
     whose sequences are shorter than its siblings' reads the mean length of all of them,
     weighted by ``child_data_shares`` (a mixture's weights, an HMM's state occupancy)."""
-    from .base import child_path
-
     out: dict[str, float] = {}
 
     def walk(node, path, p):
@@ -211,8 +215,6 @@ def data_lengths(model: "Node") -> dict[str, float]:
 def tree_costs(model: "Node") -> list[PlacedCost]:
     """Every node's cost per root row, in pre-order, with the sequences as long as the data
     they read (:func:`data_lengths`)."""
-    from .base import child_path
-
     out: list[PlacedCost] = []
     lengths = data_lengths(model)
 
@@ -258,54 +260,12 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 owned_root_coupling_bytes_per_row=COUPLING_BYTES * mult,
             )
         )
-        shifted_children = child is not None and getattr(node, "_child_log_offsets", None) is not None
+        shifted_children = child is not None and _adds_offsets_in_batch(node)
         for i, ch in enumerate(node.children):
             walk(ch, child_path(path, i), mult * rows(i), child, shifted_children)
 
     walk(model, "", 1.0)
     return out
-
-
-def leaf_paths_under(model: "Node", path: str) -> list[str]:
-    return [p for p, _ in model.leaves() if p == path or p.startswith(path + ".") or path == ""]
-
-
-def split_nodes(model: "Node", shard_of_leaf: dict[str, int]) -> set[str]:
-    """Paths of internal nodes whose leaves lie on more than one shard."""
-    shards: dict[str, set[int]] = {}
-    for path, node in reversed(model.nodes()):
-        if node.is_leaf:
-            shards[path] = {shard_of_leaf[path]}
-        else:
-            from .base import child_path
-
-            s: set[int] = set()
-            for i in range(len(node.children)):
-                s |= shards[child_path(path, i)]
-            shards[path] = s
-    return {p for p, s in shards.items() if len(s) > 1}
-
-
-def owned_roots(model: "Node", shard_of_leaf: dict[str, int]) -> dict[str, int]:
-    """The maximal unsplit subtrees: ``{path: shard}``; just ``{"": s}`` when nothing is split."""
-    split = split_nodes(model, shard_of_leaf)
-    if not split:
-        return {"": shard_of_leaf[model.leaves()[0][0]]}
-    out = {}
-    for path, node in model.nodes():
-        parent = path.rsplit(".", 1)[0] if "." in path else ("" if path else None)
-        if path not in split and parent is not None and parent in split:
-            out[path] = shard_of_leaf[leaf_paths_under(model, path)[0]]
-    return out
-
-
-def coupling_bytes_per_row(model: "Node", shard_of_leaf: dict[str, int]) -> float:
-    """Bytes per root row the owned roots ship to the other shards of their replica."""
-    roots = owned_roots(model, shard_of_leaf)
-    if list(roots) == [""]:
-        return 0.0
-    mult = {c.path: c.rows_per_root_row for c in tree_costs(model)}
-    return float(sum(COUPLING_BYTES * mult[p] for p in roots))
 
 
 def ceil_log2(m: int) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, as_float_array, check_positive, float_column, spec_field
+from .base import Leaf, float_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
+from .schema import POSITIVE, Param
+from .units import MATMUL_FLOPS
 
 
 def _outside_to_minus_inf(ld: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -19,18 +21,10 @@ def _outside_to_minus_inf(ld: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 class Exponential(Leaf):
     family = "Exponential"
-    spec_fields = ("rate",)
+    schema = (Param("rate", 0, POSITIVE),)
 
     def __init__(self, rate):
-        self.rate = as_float_array(rate, "rate", self.family, 0)
-        check_positive(self.rate, "rate", self.family)
-
-    def params(self):
-        return {"rate": self.rate}
-
-    @classmethod
-    def _from_spec(cls, spec):
-        return cls(spec_field(spec, "rate", cls.family))
+        self._init_fields(rate=rate)
 
     def data_type(self):
         return "float"
@@ -52,12 +46,12 @@ class Exponential(Leaf):
         return (float(w.sum()), float(w @ x))
 
     @classmethod
-    def _batch_log_density(cls, leaves, x):
+    def batch_log_density(cls, leaves, x, work, offsets):
         rate = np.array([p.rate for p in leaves])[:, None]
         return _outside_to_minus_inf(np.log(rate) - rate * x[None, :], x)
 
     @classmethod
-    def _batch_accumulate(cls, leaves, x, W):
+    def batch_accumulate(cls, leaves, x, W, work):
         if x.size and x.min() < 0:
             W = np.where(x < 0, 0.0, W)
         sw, sx = W.sum(axis=1), W @ x
@@ -73,8 +67,6 @@ class Exponential(Leaf):
         return rng.exponential(1.0 / float(self.rate), size=n)
 
     def cost(self):
-        from .engine import MATMUL_FLOPS
-
         # log density: 2 passes and the support check; statistics: the check, a sum, one dot
         flops = 5 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),

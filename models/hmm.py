@@ -12,14 +12,16 @@ import math
 
 import numpy as np
 
-from .base import Internal, Node, as_float_array, check_positive, check_probs, spec_field, spec_list
+from .base import Internal
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
-from .errors import ModelError
 from .floors import LOG_CLAMP, MIN_WEIGHT
-from .mixture import check_same_type, sample_by_label
+from .mixture import sample_by_label
+from .schema import POSITIVE, SIMPLEX, Children, Param
 from .sequence import DEFAULT_MEAN_LENGTH, prepare_ragged
+from .special import log_factorial
+from .units import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
 _TINY = 1e-300
 
@@ -43,31 +45,16 @@ class HMM(Internal):
     """Hidden states over a sequence; state ``k`` emits through ``emissions[k]``."""
 
     family = "HMM"
-    spec_fields = ("emissions", "transitions", "initial", "mean_length")
+    schema = (Children("emissions", noun="state", same_type=True),
+              Param("transitions", 2, SIMPLEX, shape=("K", "K"), axis=1),
+              Param("initial", 1, SIMPLEX, shape=("K",)),
+              Param("mean_length", 0, POSITIVE, free=False, default=DEFAULT_MEAN_LENGTH))
     has_own_stats = True
     shares_child_data = True
     reads_ragged = True
 
     def __init__(self, emissions, transitions, initial, mean_length: float = DEFAULT_MEAN_LENGTH):
-        emissions = tuple(emissions)
-        if not emissions:
-            raise ModelError("HMM.emissions must hold at least one state, got 0")
-        for i, c in enumerate(emissions):
-            if not isinstance(c, Node):
-                raise ModelError(f"HMM.emissions[{i}] must be a model node, got {type(c).__name__}")
-        check_same_type(emissions, self.family, "emissions")
-        k = len(emissions)
-        self.transitions = as_float_array(transitions, "transitions", self.family, 2)
-        if self.transitions.shape != (k, k):
-            raise ModelError(f"HMM.transitions must have shape ({k}, {k}), got {self.transitions.shape}")
-        check_probs(self.transitions, "transitions", self.family, axis=1)
-        self.initial = as_float_array(initial, "initial", self.family, 1)
-        if self.initial.shape != (k,):
-            raise ModelError(f"HMM.initial must have shape ({k},), got {self.initial.shape}")
-        check_probs(self.initial, "initial", self.family)
-        self.mean_length = as_float_array(mean_length, "mean_length", self.family, 0)
-        check_positive(self.mean_length, "mean_length", self.family)
-        self.children = emissions
+        self._init_fields(emissions=emissions, transitions=transitions, initial=initial, mean_length=mean_length)
 
     @property
     def emissions(self):
@@ -79,22 +66,6 @@ class HMM(Internal):
 
     def child_rows(self, i):
         return float(self.mean_length)
-
-    def params(self):
-        return {"transitions": self.transitions, "initial": self.initial, "mean_length": self.mean_length}
-
-    @classmethod
-    def _from_spec(cls, spec):
-        from .spec import from_spec
-
-        ems = [from_spec(c) for c in spec_list(spec, "emissions", cls.family)]
-        return cls(ems, spec_field(spec, "transitions", cls.family), spec_field(spec, "initial", cls.family),
-                   spec.get("mean_length", DEFAULT_MEAN_LENGTH))
-
-    def to_spec(self):
-        return {"family": self.family, "emissions": [c.to_spec() for c in self.children],
-                "transitions": self.transitions.tolist(), "initial": self.initial.tolist(),
-                "mean_length": float(self.mean_length)}
 
     def describe(self):
         return f"HMM K={self.n_states} L~{float(self.mean_length):.3g}"
@@ -108,7 +79,7 @@ class HMM(Internal):
     def _child_data(self, data, i):
         return data.values
 
-    def _combine(self, data, child_lds):
+    def _combine(self, data, child_lds, shifted):
         B = np.array(child_lds, dtype=np.float64).T.copy()  # (positions, K)
         m = B.max(axis=1)
         m = np.where(np.isfinite(m), m, 0.0)
@@ -128,7 +99,7 @@ class HMM(Internal):
         ld = data.segment_sum(np.log(c) + m)
         return ld, (B, alpha, c, sched)
 
-    def _split(self, data, w, child_lds, ld, aux):
+    def _distribute(self, data, w, child_lds, ld, aux):
         B, alpha, c, sched = aux
         A = self.transitions
         k = self.n_states
@@ -176,8 +147,6 @@ class HMM(Internal):
     def child_data_shares(self):
         """The expected share of positions in each state: ``initial T^t`` averaged over the
         positions of Poisson(``mean_length``) sequences, as ``sample`` draws them."""
-        from .special import log_factorial
-
         L = float(self.mean_length)
         k = np.arange(int(min(100_000, L + 12.0 * math.sqrt(L) + 30)))
         pmf = np.exp(k * math.log(L) - L - log_factorial(k))
@@ -191,14 +160,9 @@ class HMM(Internal):
 
     def cost(self, length: float | None = None):
         """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
-        from .engine import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
-
         k, L = self.n_states, float(self.mean_length if length is None else length)
-        # Per position, forward and backward: 7 rows of K gathered from or scattered to the
-        # scattered positions of one time step (alpha, B twice, beta twice, alpha twice);
-        # 17 K + 4 slow elements (those rows' elements, the transposed copy, the max, shift
-        # and exp of B, sums over K, broadcasts over K, gamma's transpose, scalar
-        # gathers); 6 K + 10 passes; 3 K x K products; the running sum of segment_sum.
+        # per position, forward and backward: rows of K gathered and scattered at one time
+        # step's positions, elementwise and K x K work, the segment sums' running sum
         per_pos = (7 * ROW_ACCESS_FLOPS + (17 * k + 4) * SLOW_FLOPS + (6 * k + 10)
                    + 6.0 * k * k * MATMUL_FLOPS + SCAN_FLOPS)
         # per row: the length schedule, segment gathers, first positions, two sums
@@ -208,5 +172,5 @@ class HMM(Internal):
                         coupling_bytes_per_row=8.0 * k * L, work_bytes_per_row=(16.0 * k + 16) * L + 8,
                         scratch_bytes_per_row=(24.0 * k + 16) * L,
                         # forward and backward step through the block's longest sequence
-                        # (about L + 4 sqrt(L) of Poisson lengths), 20 us a step
+                        # (about L + 4 sqrt(L) of Poisson lengths)
                         calls_per_block=1.0 + 0.8 * (L + 4.0 * math.sqrt(L)))

@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, as_float_array, check_positive, int_column, spec_field
+from .base import Leaf, int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
+from .schema import POSITIVE, Param
 from .special import log_factorial
+from .units import MATMUL_FLOPS, SLOW_FLOPS
 
 
 class Poisson(Leaf):
     family = "Poisson"
-    spec_fields = ("rate",)
+    schema = (Param("rate", 0, POSITIVE),)
 
     def __init__(self, rate):
-        self.rate = as_float_array(rate, "rate", self.family, 0)
-        check_positive(self.rate, "rate", self.family)
-
-    def params(self):
-        return {"rate": self.rate}
-
-    @classmethod
-    def _from_spec(cls, spec):
-        return cls(spec_field(spec, "rate", cls.family))
+        self._init_fields(rate=rate)
 
     def data_type(self):
         return "int"
@@ -42,12 +36,12 @@ class Poisson(Leaf):
         return (float(w.sum()), float(w @ x))
 
     @classmethod
-    def _batch_log_density(cls, leaves, x):
+    def batch_log_density(cls, leaves, x, work, offsets):
         rate = np.array([p.rate for p in leaves])[:, None]
         return x[None, :] * np.log(rate) - rate - log_factorial(x)[None, :]
 
     @classmethod
-    def _batch_accumulate(cls, leaves, x, W):
+    def batch_accumulate(cls, leaves, x, W, work):
         sw, sx = W.sum(axis=1), W @ x.astype(np.float64)
         return [(float(a), float(b)) for a, b in zip(sw, sx)]
 
@@ -61,8 +55,6 @@ class Poisson(Leaf):
         return rng.poisson(float(self.rate), size=n).astype(np.int64)
 
     def cost(self):
-        from .engine import MATMUL_FLOPS, SLOW_FLOPS
-
         # log density: 5 passes and a log-factorial table lookup; statistics: a sum, the
         # counts cast to float and one dot
         flops = 7 + SLOW_FLOPS + 2 * MATMUL_FLOPS

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, as_float_array, check_positive, prepare_by_any, spec_field
+from .base import Internal, Node, prepare_by_any
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
-from .errors import DataError, ModelError
+from .errors import DataError
 from .floors import MIN_WEIGHT
+from .schema import POSITIVE, Children, Param
+from .units import MATMUL_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
 DEFAULT_MEAN_LENGTH = 10.0
 
@@ -56,16 +58,13 @@ class Sequence(Internal):
     """
 
     family = "Sequence"
-    spec_fields = ("child", "mean_length")
+    schema = (Children("child", many=False),
+              Param("mean_length", 0, POSITIVE, free=False, default=DEFAULT_MEAN_LENGTH))
     reads_ragged = True
     has_own_stats = True
 
     def __init__(self, child, mean_length: float = DEFAULT_MEAN_LENGTH):
-        if not isinstance(child, Node):
-            raise ModelError(f"Sequence.child must be a model node, got {type(child).__name__}")
-        self.children = (child,)
-        self.mean_length = as_float_array(mean_length, "mean_length", self.family, 0)
-        check_positive(self.mean_length, "mean_length", self.family)
+        self._init_fields(child=child, mean_length=mean_length)
 
     @property
     def child(self):
@@ -73,18 +72,6 @@ class Sequence(Internal):
 
     def child_rows(self, i):
         return float(self.mean_length)
-
-    def params(self):
-        return {"mean_length": self.mean_length}
-
-    @classmethod
-    def _from_spec(cls, spec):
-        from .spec import from_spec
-
-        return cls(from_spec(spec_field(spec, "child", cls.family)), spec.get("mean_length", DEFAULT_MEAN_LENGTH))
-
-    def to_spec(self):
-        return {"family": self.family, "child": self.child.to_spec(), "mean_length": float(self.mean_length)}
 
     def describe(self):
         return f"Sequence L~{float(self.mean_length):.3g}"
@@ -98,10 +85,10 @@ class Sequence(Internal):
     def _child_data(self, data, i):
         return data.values
 
-    def _combine(self, data, child_lds):
+    def _combine(self, data, child_lds, shifted):
         return data.segment_sum(child_lds[0]), None
 
-    def _split(self, data, w, child_lds, ld, aux):
+    def _distribute(self, data, w, child_lds, ld, aux):
         lengths = data.lengths
         return [np.repeat(w, lengths)], (float(w.sum()), float(w @ lengths))
 
@@ -117,12 +104,9 @@ class Sequence(Internal):
 
     def cost(self, length: float | None = None):
         """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
-        from .engine import MATMUL_FLOPS, SCAN_FLOPS, SLOW_FLOPS
-
         L = float(self.mean_length if length is None else length)
-        # per position: the running sum of segment_sum, its copy, the weights repeated;
-        # per row: two gathers at the offsets, lengths, a difference, a sum, one dot. Kept: the
-        # per-position log densities and the block's rebased offsets.
+        # per position: the segment sums' running sum, its copy, the repeated weights; per row:
+        # gathers at the offsets and the statistics; kept: per-position log densities, offsets
         flops = L * (SCAN_FLOPS + 3) + 2 * SLOW_FLOPS + 4 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=8.0 * L, work_bytes_per_row=8.0 * L + 16)

@@ -1,30 +1,18 @@
-"""Model specs: a JSON-ready dict per node, ``{"family": NAME, ...}``."""
+"""Model specs on disk: a JSON-ready dict per node, ``{"family": NAME, ...}``.
+
+Building a node from a spec (``from_spec``) is the family registry's, in ``models.base``;
+every family's spec fields are its ``schema``.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .base import FAMILIES, Node
+from .base import Node, from_spec
 from .errors import SpecError
 
-
-def from_spec(spec) -> Node:
-    """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError."""
-    if isinstance(spec, Node):
-        return spec
-    if not isinstance(spec, dict):
-        raise SpecError(f"a model spec must be a mapping with a 'family' key, got {type(spec).__name__}")
-    family = spec.get("family")
-    if family is None:
-        raise SpecError(f"model spec is missing field 'family' (keys: {sorted(spec)})")
-    cls = FAMILIES.get(family)
-    if cls is None:
-        raise SpecError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}")
-    unknown = sorted(set(spec) - {"family", *cls.spec_fields})
-    if unknown:
-        raise SpecError(f"{family} spec has unknown field(s) {unknown}; allowed: {list(cls.spec_fields)}")
-    return cls._from_spec(spec)
+__all__ = ["from_spec", "load_model", "save_model"]
 
 
 def load_model(path) -> Node:

@@ -3,7 +3,9 @@
 A :class:`Stats` maps a node path (dotted child indices, ``""`` for the root) to that node's
 own statistics: a tuple of floats and numpy arrays. Statistics of disjoint row sets add
 (``a + b``) key by key, and statistics from different model shards add by union, so one
-``+`` serves both the reduce across data replicas and the merge across model shards.
+sum serves both the reduce across data replicas and the merge across model shards.
+:class:`StatsAccumulator` is that sum, folded in place; ``Stats.__add__``, the E-step over
+row blocks and the executors' reduce all use it.
 """
 
 from __future__ import annotations
@@ -39,11 +41,10 @@ class Stats(Mapping[str, OwnStats]):
     def __add__(self, other: "Stats") -> "Stats":
         if not isinstance(other, Stats):
             return NotImplemented
-        out = dict(self._d)
-        for key, value in other._d.items():
-            mine = out.get(key)
-            out[key] = value if mine is None else tuple(a + b for a, b in zip(mine, value))
-        return Stats(out)
+        acc = StatsAccumulator()
+        acc.add(self)
+        acc.add(other)
+        return acc.result()
 
     def __radd__(self, other):
         if other == 0:  # lets sum() start from 0
@@ -86,3 +87,46 @@ class Stats(Mapping[str, OwnStats]):
                 elif not math.isfinite(float(v)):
                     return key
         return None
+
+
+class StatsAccumulator:
+    """A running sum of per-node statistics, ``total += part`` key by key.
+
+    ``add`` takes any mapping of path to own statistics (a ``Stats`` or one block's dict).
+    The sums and their order are those of ``a + b + c ...``: a path's first part is kept as
+    given, its second makes new arrays (``a + b``), and later parts are added into those in
+    place (float arrays of one shape; anything else by ``+``), so no part passed in is ever
+    written to and no array is allocated per addition. Paths present in only some parts are
+    kept as they come (statistics of different model shards add by union).
+    """
+
+    __slots__ = ("_total", "_mine")
+
+    def __init__(self):
+        self._total: dict[str, object] = {}
+        self._mine: set[str] = set()  # paths whose arrays this accumulator allocated
+
+    def add(self, part: Mapping[str, OwnStats]) -> None:
+        total, mine_paths = self._total, self._mine
+        for key, own in part.items():
+            mine = total.get(key)
+            if mine is None:
+                total[key] = own
+            elif key not in mine_paths:
+                total[key] = [m + v for m, v in zip(mine, own)]
+                mine_paths.add(key)
+            else:
+                for i, v in enumerate(own):
+                    m = mine[i]
+                    if type(m) is np.ndarray and m.dtype.kind == "f" and m.shape == getattr(v, "shape", None):
+                        m += v
+                    else:
+                        mine[i] = m + v
+
+    def __bool__(self) -> bool:
+        return bool(self._total)
+
+    def result(self) -> Stats:
+        """The sum so far; later ``add`` calls do not write into it."""
+        self._mine.clear()
+        return Stats({k: tuple(v) for k, v in self._total.items()})

@@ -160,7 +160,7 @@ def test_a_batched_kernel_charges_its_block_once_and_each_component_its_share(le
         return sum(c.flops_per_row for c in tree_costs(Mixture([leaf] * k, np.full(k, 1 / k))))
 
     for k in (2, 3, 8):
-        b = type(leaf)._batch_cost((leaf,) * k)
+        b = type(leaf).batch_cost((leaf,) * k)
         mixture_own = Mixture([leaf] * k, np.full(k, 1 / k)).cost().flops_per_row
         assert total(k) - mixture_own == pytest.approx(b.block_flops + k * b.component_flops)
         assert b.block_flops > 0 and b.component_flops > 0

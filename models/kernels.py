@@ -1,0 +1,154 @@
+"""Numeric building blocks of the batched kernels, independent of any family.
+
+- BLAS chunking: products of a short parameter matrix with a wide feature block are split
+  along the data rows into calls of ``m * n * k <= SMALL_GEMM_MNK``, the range OpenBLAS runs
+  with its small-matrix kernels (:func:`matmul_cols`, :func:`weighted_sums`,
+  :func:`weighted_sums_t`).
+- Copies that numpy's broadcasting makes slow: :func:`centered` (``x - mean`` row-major) and
+  :func:`centered_t` (``(x - c).T`` component-first).
+- The rounding-error guard of an expanded quadratic form (:func:`expanded_is_accurate`).
+- :func:`log_softmax_parts`: a log-sum-exp over components that keeps subnormal numbers out
+  of later products (see ``models.floors.LOG_CLAMP``).
+- :func:`stacked`: a cache of parameters stacked over a tuple of sibling leaves.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .floors import LOG_CLAMP
+
+#: Largest ``m * n * k`` of one product call (see the module docstring).
+SMALL_GEMM_MNK = 1_000_000
+MAX_GEMM_COLS = 1024
+#: Largest rounding error (absolute, per log density) accepted from an expanded form; a
+#: block whose bound exceeds it is scored with the direct form instead.
+EXPANDED_MAX_ERROR = 1e-9
+UNIT_ROUNDOFF = float(np.finfo(np.float64).eps) / 2
+
+#: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
+#: go with the model): ``{leaves[0]: (weak references to the leaves, value)}``.
+_STACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def stacked(leaves, build):
+    """``build(leaves)``, computed once per tuple of leaf objects (leaves are immutable)."""
+    hit = _STACKED.get(leaves[0])
+    if hit is not None and len(hit[0]) == len(leaves) and all(r() is g for r, g in zip(hit[0], leaves)):
+        return hit[1]
+    value = build(leaves)
+    _STACKED[leaves[0]] = (tuple(weakref.ref(g) for g in leaves), value)
+    return value
+
+
+def gemm_cols(m: int, k: int) -> int:
+    """Data rows per product of an ``(m, k)`` matrix with ``(k, rows)`` (see ``SMALL_GEMM_MNK``)."""
+    return min(MAX_GEMM_COLS, max(64, SMALL_GEMM_MNK // max(m * k, 1) // 64 * 64))
+
+
+def matmul_cols(A: np.ndarray, F: np.ndarray) -> np.ndarray:
+    """``A @ F`` for a wide ``F``, computed in column chunks."""
+    n = F.shape[1]
+    out = np.empty((A.shape[0], n))
+    cols = gemm_cols(*A.shape)
+    for a in range(0, n, cols):
+        b = min(n, a + cols)
+        np.matmul(A, F[:, a:b], out=out[:, a:b])
+    return out
+
+
+def weighted_sums(W: np.ndarray, F: np.ndarray) -> np.ndarray:
+    """``W @ F.T`` (sums over the data rows, shape ``(K, features)``) in chunks of rows."""
+    W = np.asarray(W, dtype=np.float64)
+    n = F.shape[1]
+    cols = gemm_cols(W.shape[0], F.shape[0])
+    if n <= cols:
+        return W @ F.T
+    out = W[:, :cols] @ F[:, :cols].T
+    part = np.empty_like(out)
+    for a in range(cols, n, cols):
+        b = min(n, a + cols)
+        np.matmul(W[:, a:b], F[:, a:b].T, out=part)
+        out += part
+    return out
+
+
+def weighted_sums_t(F: np.ndarray, Wt: np.ndarray) -> np.ndarray:
+    """``F @ Wt`` (sums over the data rows, shape ``(features, K)``) in chunks of rows."""
+    n = F.shape[1]
+    cols = gemm_cols(F.shape[0], Wt.shape[1])
+    if n <= cols:
+        return F @ Wt
+    out = F[:, :cols] @ Wt[:cols]
+    part = np.empty_like(out)
+    for a in range(cols, n, cols):
+        b = min(n, a + cols)
+        np.matmul(F[:, a:b], Wt[a:b], out=part)
+        out += part
+    return out
+
+
+def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = (x - c).T`` for ``(n, d)`` rows: the transposing copy in chunks of 1024 rows
+    (both sides stay in L2), then one contiguous subtraction."""
+    n = x.shape[0]
+    for a in range(0, n, 1024):
+        b = min(n, a + 1024)
+        out[:, a:b] = x[a:b].T
+    out -= c[:, None]
+
+
+def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """``x - mean`` for ``(n, d)`` rows: a tiled copy then a same-shape subtraction (numpy's
+    inner loop over a broadcast row is only ``d`` long)."""
+    z = np.tile(mean, (x.shape[0], 1))
+    np.subtract(x, z, out=z)
+    return z
+
+
+def radius2(xc: np.ndarray) -> float:
+    """The largest ``|xc|^2`` over the columns of ``xc`` (d, n)."""
+    return float(np.einsum("ij,ij->j", xc, xc).max()) if xc.shape[1] else 0.0
+
+
+def offset_matrix(P: np.ndarray, column: int, offsets) -> np.ndarray:
+    """``P`` with per-component ``offsets`` added to its constant column (the one multiplying
+    the ones row of a feature block): adding them in the product costs nothing."""
+    if offsets is None:
+        return P
+    P = P.copy()
+    P[:, column] += offsets
+    return P
+
+
+def expanded_is_accurate(r2: float, lam: np.ndarray, mc_norm: np.ndarray, pconst: np.ndarray, n_terms: int) -> bool:
+    """Whether an expanded quadratic form ``P @ F`` is within ``EXPANDED_MAX_ERROR`` of every
+    value, for a block whose rows have ``|x - c|^2 <= r2``.
+
+    Per component, each value is a dot product whose terms' absolute values sum to at most
+    ``lam * (r^2 / 2 + mc_norm * r) + pconst`` (quadratic, linear and constant terms); its
+    rounding error, the products, the centering and the coefficients of ``P`` included, is at
+    most ``n_terms * u`` times that, ``u`` the unit roundoff.
+    """
+    r = np.sqrt(r2)
+    magnitude = float(np.max(lam * (0.5 * r2 + mc_norm * r) + pconst))
+    return n_terms * UNIT_ROUNDOFF * magnitude <= EXPANDED_MAX_ERROR
+
+
+def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
+    """For a ``(K, n)`` array of logs: ``(logsumexp over K, exp(A - max), sum)``, no subnormals.
+
+    With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
+    """
+    m = A.max(axis=0)
+    if not np.isfinite(m).all():
+        m = np.where(np.isfinite(m), m, 0.0)
+    E = np.subtract(A, m, out=A if overwrite else None)
+    if E.size and E.min() < LOG_CLAMP:  # clamping is a no-op otherwise; checking is cheaper
+        np.maximum(E, LOG_CLAMP, out=E)
+    np.exp(E, out=E)
+    s = np.ones(E.shape[0]) @ E  # a matrix-vector product: faster than E.sum(axis=0)
+    with np.errstate(divide="ignore"):
+        return m + np.log(s), E, s

@@ -1,0 +1,175 @@
+"""Parameter schemas: what a family's fields are, from which its checks, parameters, specs
+and parameter count follow.
+
+A family lists its fields in ``schema``, in spec order: :class:`Param` for a numeric
+parameter, :class:`Children` for its child nodes. ``Node._init_fields`` checks the values
+given to a constructor against it and sets them; ``params()``, ``to_spec()``,
+``from_spec()`` and ``n_parameters()`` read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ModelError, SpecError
+
+#: Constraint kinds of a :class:`Param`.
+REAL = "real"  # any finite value
+POSITIVE = "positive"  # every entry > 0
+SIMPLEX = "simplex"  # entries >= 0 summing to 1 along ``axis``
+SPD = "spd"  # a symmetric positive definite matrix (its Cholesky factor is kept)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One numeric parameter of a family.
+
+    ``shape`` fixes the parameter's shape from earlier fields: each entry is ``"K"`` (the
+    number of children) or the name of an earlier 1-D parameter (its size); ``like`` names an
+    earlier parameter whose shape it shares. A dimension of 0 is rejected. ``free`` says
+    whether the parameter is a free parameter of the density (a sequence's ``mean_length``
+    is not: lengths are given). ``default``, when set, is used where a spec omits the field.
+    """
+
+    name: str
+    ndim: int
+    kind: str = REAL
+    shape: tuple[str, ...] | None = None
+    like: str | None = None
+    axis: int = -1
+    free: bool = True
+    default: float | None = None
+
+    def check(self, value, family: str, fields: dict, n_children: int):
+        """The value as a read-only float64 array, checked; returns ``(array, by-product)``
+        where the by-product is the Cholesky factor of an ``SPD`` parameter, else None."""
+        arr = as_float_array(value, self.name, family, self.ndim)
+        if self.like is not None:
+            ref = fields[self.like]
+            if arr.shape != ref.shape or ref.size == 0:
+                raise ModelError(f"{family}.{self.name} must have the shape of {self.like} {ref.shape}, got {arr.shape}")
+        if self.shape is not None:
+            want = tuple(n_children if s == "K" else int(fields[s].size) for s in self.shape)
+            if 0 in want or arr.shape != want:
+                raise ModelError(f"{family}.{self.name} must have shape {want}, got {arr.shape}")
+        extra = None
+        if self.kind == POSITIVE:
+            check_positive(arr, self.name, family)
+        elif self.kind == SIMPLEX:
+            check_probs(arr, self.name, family, axis=self.axis)
+        elif self.kind == SPD:
+            extra = check_spd(arr, self.name, family)
+        return arr, extra
+
+    def n_free(self, arr: np.ndarray) -> int:
+        """Free parameters this value holds: a simplex of size V counts V - 1, a ``d x d``
+        covariance ``d (d + 1) / 2``, a parameter that is not ``free`` 0."""
+        if not self.free:
+            return 0
+        if self.kind == SIMPLEX:
+            return int(arr.size - arr.size // arr.shape[self.axis]) if arr.size else 0
+        if self.kind == SPD:
+            d = arr.shape[0]
+            return d * (d + 1) // 2
+        return int(arr.size)
+
+    def to_json(self, arr: np.ndarray):
+        return arr.tolist() if arr.ndim else float(arr)
+
+
+@dataclass(frozen=True)
+class Children:
+    """The child nodes of a family: ``many`` (a list, at least one) or one child.
+
+    ``noun`` names one child in errors; with ``same_type`` every child must read the same
+    data type (a mixture's components, an HMM's emissions).
+    """
+
+    name: str
+    many: bool = True
+    noun: str = "node"
+    same_type: bool = False
+
+    def check(self, value, family: str, node_type: type) -> tuple:
+        """The children as a tuple of nodes, checked."""
+        if not self.many:
+            if not isinstance(value, node_type):
+                raise ModelError(f"{family}.{self.name} must be a model node, got {type(value).__name__}")
+            return (value,)
+        children = tuple(value)
+        if not children:
+            raise ModelError(f"{family}.{self.name} must hold at least one {self.noun}, got 0")
+        for i, c in enumerate(children):
+            if not isinstance(c, node_type):
+                raise ModelError(f"{family}.{self.name}[{i}] must be a model node, got {type(c).__name__}")
+        if self.same_type:
+            check_same_type(children, family, self.name)
+        return children
+
+
+Field = Param | Children
+
+
+# ---------------------------------------------------------------- value checks
+def as_float_array(value, name: str, family: str, ndim: int) -> np.ndarray:
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ModelError(f"{family}.{name} must be numeric, got {value!r}") from None
+    if arr.ndim != ndim:
+        raise ModelError(f"{family}.{name} must have {ndim} dimension(s), got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ModelError(f"{family}.{name} must be finite, got {arr}")
+    arr.setflags(write=False)
+    return arr
+
+
+def check_positive(arr: np.ndarray, name: str, family: str) -> None:
+    if (arr <= 0).any():
+        raise ModelError(f"{family}.{name} must be > 0, got {arr.min() if arr.ndim else float(arr)}")
+
+
+def check_probs(p: np.ndarray, name: str, family: str, axis: int = -1) -> None:
+    if p.size == 0:
+        raise ModelError(f"{family}.{name} must not be empty")
+    if (p < 0).any():
+        raise ModelError(f"{family}.{name} must be >= 0, got {p.min()}")
+    sums = p.sum(axis=axis)
+    if not (np.abs(sums - 1.0) <= 1e-6 + 1e-5).all():  # np.allclose(sums, 1, atol=1e-6) for finite sums
+        raise ModelError(f"{family}.{name} must sum to 1, got sum {np.round(sums, 6)}")
+
+
+def check_spd(a: np.ndarray, name: str, family: str) -> np.ndarray:
+    """Checks a symmetric positive definite matrix; returns its lower Cholesky factor."""
+    if not (np.abs(a - a.T) <= 1e-12 + 1e-8 * np.abs(a.T)).all():  # np.allclose(a, a.T, rtol=1e-8, atol=1e-12)
+        raise ModelError(f"{family}.{name} must be symmetric")
+    try:
+        return np.linalg.cholesky(a)
+    except np.linalg.LinAlgError:
+        raise ModelError(f"{family}.{name} must be positive definite (smallest eigenvalue {np.linalg.eigvalsh(a).min():.3g})") from None
+
+
+def check_same_type(children, family: str, field: str) -> None:
+    types = [c.data_type() for c in children]
+    for i, t in enumerate(types[1:], 1):
+        if t != types[0]:
+            raise ModelError(
+                f"{family}.{field} must share one data type; {field}[0] reads {types[0]}, {field}[{i}] reads {t}"
+            )
+
+
+# ---------------------------------------------------------------- spec fields
+def spec_field(spec: dict, key: str, family: str):
+    if key not in spec:
+        raise SpecError(f"{family} spec is missing field {key!r}")
+    return spec[key]
+
+
+def spec_list(spec: dict, key: str, family: str) -> list:
+    """A spec field that holds a list of child specs."""
+    value = spec_field(spec, key, family)
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"{family} spec field {key!r} must be a list of model specs, got {type(value).__name__}")
+    return list(value)
