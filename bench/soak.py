@@ -100,14 +100,13 @@ def fit_one(job: dict, executor: str, max_iter: int, timeout_s: float) -> dict:
 def _load(data):
     """Memory-mapped columns read into memory."""
     from emgrid.models import Ragged
-    from emgrid.models.data import _ragged_unchecked
 
     if data is None:
         return None
     if isinstance(data, tuple):
         return tuple(_load(d) for d in data)
     if isinstance(data, Ragged):
-        return _ragged_unchecked(_load(data.values), np.array(data.offsets))
+        return Ragged.unchecked(_load(data.values), np.array(data.offsets))
     return np.array(data)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from emgrid.models import Node, Ragged, n_rows
-from emgrid.models.data import Data, _ragged_unchecked
+from emgrid.models.data import Data
 from emgrid.models.errors import DataError
 
 LAYOUT = "layout.json"
@@ -68,17 +68,16 @@ class NpyDataset:
             if kind == "tuple":
                 return tuple(get(c) for c in node["items"])
             if kind == "ragged":
-                return _ragged_unchecked(get(node["values"]), self._load(node["offsets"]))
+                return Ragged.unchecked(get(node["values"]), self._load(node["offsets"]))
             return self._load(node["file"])
 
         return get(self.layout)
 
     def open_rows(self, start: int, stop: int) -> Data:
         """Rows ``start:stop`` of every column, each file mapped over just their bytes (a
-        sequence's offsets first, then the values they span). Mapping the whole file and
-        slicing it measured 0.2x the rows' bytes more resident memory for a worker whose rows
-        start mid-file: the kernel maps file pages around each fault, and those around the
-        first rows lie outside the worker's range."""
+        sequence's offsets first, then the values they span), not the whole file sliced: the
+        kernel maps file pages around each fault, and for a worker whose rows start mid-file
+        those around its first rows lie outside its range."""
         if not 0 <= start <= stop <= self.n_rows:
             raise DataError(f"rows {start}:{stop} are outside the dataset's {self.n_rows} rows")
 
@@ -91,7 +90,7 @@ class NpyDataset:
             if kind == "ragged":
                 offsets = self._load_range(node["offsets"], a, b + 1)
                 lo, hi = int(offsets[0]), int(offsets[-1])
-                return _ragged_unchecked(get(node["values"], lo, hi), offsets - lo)
+                return Ragged.unchecked(get(node["values"], lo, hi), offsets - lo)
             return self._load_range(node["file"], a, b)
 
         return get(self.layout, start, stop)

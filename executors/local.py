@@ -25,8 +25,8 @@ class LocalGrid:
     def __init__(self, job: FitJob):
         self.meter = PeakMeter()  # one process: one meter for every cell of the grid
         data = job.open_data()
-        self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row]
-                      for row in grid_layout(job.model, job.plan)]
+        self.layout = grid_layout(job.model, job.plan)
+        self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row] for row in self.layout]
         self.model: Node = job.model
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:

@@ -19,7 +19,7 @@ from emgrid.models.errors import FitError
 
 from .protocol import FitJob
 from .result import FitResult
-from .step import grid_layout, shard_payloads
+from .step import WorkerSpec, shard_payloads
 
 
 @dataclass
@@ -40,6 +40,10 @@ class GridOutcome:
 
 class Grid(Protocol):
     """A transport's side of one fit, as the coordinator drives it."""
+
+    #: ``layout[r][s]``: the spec of every worker (:func:`executors.step.grid_layout`,
+    #: computed once per fit, by the transport, which also places its workers with it)
+    layout: list[list[WorkerSpec]]
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
         """Makes ``model`` the model of every worker: ``payloads[s]`` is what the workers of
@@ -65,7 +69,7 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
     """EM from ``job.model`` until converged or ``job.max_iter`` iterations."""
     model = job.model
     result = FitResult(model=model, plan=job.plan, executor=executor)
-    layout = grid_layout(model, job.plan)
+    layout = grid.layout
     previous: float | None = None
     for it in range(1, job.max_iter + 1):
         t_start = perf_counter()

@@ -1,7 +1,7 @@
 """The MPI executor: one rank per grid cell, every rank calling ``optimize`` under ``mpiexec``.
 
 ``COMM_WORLD`` is split twice: a *replica* communicator per data replica (its ``M`` shards,
-ranked by shard) carries the coupling, an allgather of the owned roots' per-row log
+ranked by shard) carries the coupling, an allgather of the shard roots' per-row log
 densities per block; a *shard* communicator per model shard (its ``D`` replicas, ranked by
 replica) carries the reduce, a gather of the statistics to the shard's replica 0, which
 sums them in replica order. The shards' totals are gathered on the coordinator (the rank
@@ -39,10 +39,11 @@ too, and aborts the job (``MPI_Abort`` with status :data:`ABORT_STATUS`) when it
 exits, after the caller has handled the error (written a checkpoint, say): the hung rank
 could not be stopped otherwise. Without ``timeout_s`` the blocking collectives run exactly
 as before, at no extra cost. With it, a wait polls without sleeping for its first 50 ms, as
-MPI's blocking calls do (sleeping from the start cost a tiny model 1 ms per iteration), so
-the fixed cost per iteration stays within noise of the blocking one: a one-Gaussian 2x1
-fit under ``mpiexec -n 2`` on this 2-core machine, best of 12 rounds of 300 iterations,
-0.248 ms against 0.234 ms blocking (0.251 ms before timeouts existed).
+MPI's blocking calls do, so that the fixed cost of an iteration stays that of the blocking
+collectives.
+
+Every active rank sends its share up the reduce as the multiprocessing workers send theirs:
+an :class:`executors.step.ShareReport` beside its pickled statistics.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import PROTOCOL, WorkerShare, WorkerSpec, WorkerStep, grid_layout, join_shards, reduce_shard
+from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout, join_shards, reduce_shard
 
 _RANK_NAME = re.compile(r"rank(\d+)")
 
@@ -125,6 +126,7 @@ class _Comms:
         from mpi4py import MPI
 
         self.world = world
+        self.layout = layout
         ranks = rank_map(plan, world.Get_size())
         me = world.Get_rank()
         cell = next((c for c, rank in ranks.items() if rank == me), None)
@@ -481,6 +483,7 @@ class MpiGrid:
     def __init__(self, job: FitJob, comms: _Comms, net: _Blocking | _Timed):
         self.comms = comms
         self.net = net
+        self.layout = comms.layout
         warm_up(job.model)
         self.meter = PeakMeter()  # before this rank takes its rows: see executors.memory
         spec = comms.spec
@@ -516,16 +519,16 @@ class MpiGrid:
         stats, ll = join_shards([(pickle.loads(blob), part) for blob, part in columns])
         return GridOutcome(stats=stats, loglik=ll, **critical_path(workers, perf_counter() - t0),
                            coupling_bytes=sum(w.coupling_bytes for w in workers),
-                           reduce_bytes=sum(w.payload_bytes for w in workers),
-                           peak_bytes={w.name: w.peak_bytes for w in workers},
-                           baseline_bytes={w.name: w.baseline_bytes for w in workers})
+                           reduce_bytes=sum(w.stats_bytes for w in workers),
+                           peak_bytes={w.worker: w.peak_bytes for w in workers},
+                           baseline_bytes={w.worker: w.baseline_bytes for w in workers})
 
     # ---------------------------------------------------------------- every active rank
     def worker_share(self, iteration: int):
         """This rank's step and its part in the reduce.
 
-        The coordinator gets ``(columns, briefs, failures)``: every shard's total and every
-        worker's brief, or (``None``, ``None``, failures) when some rank failed; the other
+        The coordinator gets ``(columns, reports, failures)``: every shard's total and every
+        worker's :class:`ShareReport`, or (``None``, ``None``, failures) when some rank failed; the other
         ranks get None.
         """
         c, spec, net = self.comms, self.comms.spec, self.net
@@ -534,9 +537,9 @@ class MpiGrid:
         def exchange(mine):
             nonlocal exchanged
             got = net.allgather_arrays(c.coupling, coupling.message_length(mine),
-                                       lambda out: coupling.pack_into(out, mine, spec.owned))
+                                       lambda out: coupling.pack_into(out, mine, spec.roots))
             exchanged += 1
-            every = coupling.merge(got, spec.replica_owned)
+            every = coupling.merge(got, spec.replica_roots)
             if every is None:
                 raise _PeerFailed()
             return every
@@ -557,35 +560,34 @@ class MpiGrid:
                 # the other shards wait in this block's exchange
                 net.allgather_arrays(c.coupling, coupling.FAILED_LENGTH, coupling.mark_failed)
         if share is not None:
+            share.receive_s = self.received_s
             payload = share.payload()
-            brief = _Brief(spec.name, self.received_s, share.compute_s, share.coupling_s, share.coupling_bytes,
-                           len(payload), share.peak_bytes, self.meter.baseline_bytes)
-            mine = (payload, share.loglik, brief, None)
+            mine = (payload, share.report(spec.name, len(payload), self.meter.baseline_bytes), None)
             del share, payload  # the statistics travel pickled: not held twice through the reduce
         else:
-            mine = (None, 0.0, None, failure)
+            mine = (None, None, failure)
         column = net.gather(c.reduce, mine)
         del mine
         if spec.replica != 0:
             return None
-        failures = [f for _, _, _, f in column if f is not None]
-        briefs = [b for _, _, b, _ in column]
-        if failures or any(p is None for p, _, _, _ in column):
+        failures = [f for _, _, f in column if f is not None]
+        reports = [r for _, r, _ in column]
+        if failures or any(p is None for p, _, _ in column):
             totals = net.gather(c.totals, (None, 0.0, [], failures))
         elif len(column) == 1:  # one replica: its statistics go on as they came
-            blob, ll, _, _ = column.pop()
-            totals = net.gather(c.totals, (blob, ll, briefs, []))
+            blob, report, _ = column.pop()
+            totals = net.gather(c.totals, (blob, report.loglik, reports, []))
         else:
-            stats, ll = reduce_shard([WorkerShare(stats=pickle.loads(p), loglik=part) for p, part, _, _ in column])
+            stats, ll = reduce_shard([r.share(pickle.loads(p)) for p, r, _ in column])
             del column
-            totals = net.gather(c.totals, (pickle.dumps(stats, protocol=PROTOCOL), ll, briefs, []))
+            totals = net.gather(c.totals, (pickle.dumps(stats, protocol=PROTOCOL), ll, reports, []))
         if spec.shard != 0:
             return None
         failures = [f for _, _, _, fs in totals for f in fs]
         if failures or any(blob is None for blob, _, _, _ in totals):
             return None, None, failures or [_Failure(c.world.Get_rank(), f"a rank stopped in iteration {iteration} "
                                                      "without saying why", "")]
-        return ([(blob, part) for blob, part, _, _ in totals], [b for _, _, briefs, _ in totals for b in briefs], [])
+        return ([(blob, part) for blob, part, _, _ in totals], [r for _, _, reports, _ in totals for r in reports], [])
 
     def serve(self) -> FitResult:
         """A non-coordinator rank: run a step per model broadcast until the result arrives."""
@@ -626,26 +628,6 @@ def abort_job(world) -> None:
         sys.stderr.write(f"emgrid: rank {world.Get_rank()} failed; aborting the MPI job\n{traceback.format_exc()}")
         sys.stderr.flush()
         world.Abort(1)
-
-
-class _Brief:
-    """A worker's timings, byte counts and memory, as they travel with its statistics."""
-
-    __slots__ = ("name", "receive_s", "compute_s", "coupling_s", "coupling_bytes", "payload_bytes", "peak_bytes",
-                 "baseline_bytes")
-
-    def __init__(self, name, receive_s, compute_s, coupling_s, coupling_bytes, payload_bytes, peak_bytes,
-                 baseline_bytes):
-        self.name, self.receive_s, self.compute_s, self.coupling_s = name, receive_s, compute_s, coupling_s
-        self.coupling_bytes, self.payload_bytes = coupling_bytes, payload_bytes
-        self.peak_bytes, self.baseline_bytes = peak_bytes, baseline_bytes
-
-    def __getstate__(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __setstate__(self, state):
-        for k, v in zip(self.__slots__, state):
-            setattr(self, k, v)
 
 
 class MpiExecutor(BaseExecutor):

@@ -1,7 +1,8 @@
 """The multiprocessing executor: one worker process per grid cell on this machine.
 
-Bytes move over pipes: the parent (the coordinator) sends each worker the pickled model
-and receives its pickled statistics; the shards of a replica exchange their per-row log
+Bytes move over pipes: the parent (the coordinator) sends each worker its shard's pickled
+part of the model and receives its pickled statistics with an
+:class:`executors.step.ShareReport`; the shards of a replica exchange their per-row log
 densities directly, over one pipe per pair of shards, as :mod:`executors.coupling`'s flat
 messages. Rows never pass through the parent:
 the data lives in ``.npy`` files (written once to a temporary directory when the caller
@@ -40,7 +41,7 @@ from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import WorkerShare, WorkerSpec, WorkerStep, grid_layout, reduce_shares, shard_model
+from .step import WorkerSpec, WorkerStep, grid_layout, reduce_shares
 
 #: Environment every worker starts with, so that numpy's BLAS runs one thread per process.
 SINGLE_THREAD_ENV = {
@@ -65,8 +66,8 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
                  peers: dict[int, Connection]) -> None:
     """A worker process: map its rows, then run one step per model received until told to stop."""
     try:
-        for root in spec.owned if spec.exchanges else ("",) if spec.active else ():
-            warm_up(model.node_at(root))  # its own subtrees: the others are not in its model
+        for root in spec.roots:
+            warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
         step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
         control.send(("ready", None))
@@ -82,9 +83,9 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
             del payload
             received = perf_counter() - t0
             share = step.run(model, lambda mine: _exchange(spec, peers, mine), iteration)
+            share.receive_s = received
             blob = share.payload()
-            control.send(("share", (share.loglik, share.compute_s, share.coupling_s, share.coupling_bytes, received,
-                                    share.peak_bytes, meter.baseline_bytes)))
+            control.send(("share", share.report(spec.name, len(blob), meter.baseline_bytes)))
             del share
             control.send_bytes(blob)
             del blob
@@ -106,7 +107,7 @@ def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connect
 def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dict:
     """Allgather over the replica's shards: pairs in one global order, so no send waits forever.
     Messages are :mod:`executors.coupling`'s flat arrays; a received one is read in place."""
-    message = coupling.pack(mine, spec.owned)
+    message = coupling.pack(mine, spec.roots)
     messages = {spec.shard: message}
     for peer in sorted(peers):
         conn = peers[peer]
@@ -121,7 +122,7 @@ def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dic
             raise _PeerLost(peer) from None
         messages[peer] = np.frombuffer(got)
     del message
-    return coupling.merge([messages[s] for s in range(len(spec.replica_owned))], spec.replica_owned)
+    return coupling.merge([messages[s] for s in range(len(spec.replica_roots))], spec.replica_roots)
 
 
 @contextmanager
@@ -143,7 +144,8 @@ class ProcessGrid:
 
     def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float):
         self.job, self.directory, self.context = job, directory, context
-        self.layout = [spec for row in grid_layout(job.model, job.plan) for spec in row]
+        self.layout = grid_layout(job.model, job.plan)
+        self.cells = [spec for row in self.layout for spec in row]  # in grid order, as the workers
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
@@ -155,7 +157,7 @@ class ProcessGrid:
         """Starts every worker and waits until each has mapped its rows."""
         job, directory, context = self.job, self.directory, self.context
         m = self.shape[1]
-        peer_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.layout}
+        peer_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.cells}
         for r in range(self.shape[0]):
             for i in range(m):
                 for j in range(i + 1, m):
@@ -164,10 +166,10 @@ class ProcessGrid:
                     peer_ends[(r, j)][i] = b
         child_ends = []
         with _single_thread_env():
-            for spec in self.layout:
+            for spec in self.cells:
                 parent, child = context.Pipe(duplex=True)
                 p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
-                                    args=(spec, directory, shard_model(job.model, spec), child,
+                                    args=(spec, directory, spec.view.model_for(spec.shard, job.model), child,
                                           peer_ends[(spec.replica, spec.shard)]))
                 p.start()
                 self.procs.append(p)
@@ -185,7 +187,7 @@ class ProcessGrid:
         return [p.pid for p in self.procs]
 
     def _who(self, i: int) -> str:
-        s = self.layout[i]
+        s = self.cells[i]
         return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, pid {self.procs[i].pid})"
 
     def _died(self, i: int, when: str) -> FitError:
@@ -202,8 +204,8 @@ class ProcessGrid:
 
     def _peer(self, i: int, shard: int) -> int:
         """Index of the worker running ``shard`` in worker ``i``'s replica."""
-        me = self.layout[i]
-        return next(k for k, s in enumerate(self.layout) if s.replica == me.replica and s.shard == shard)
+        me = self.cells[i]
+        return next(k for k, s in enumerate(self.cells) if s.replica == me.replica and s.shard == shard)
 
     def _collect(self, when: str, timeout_s: float | None) -> list:
         """One message from every worker; raises FitError on an error report, a death or a timeout.
@@ -262,7 +264,7 @@ class ProcessGrid:
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
         self.iteration += 1
-        for i, (c, spec) in enumerate(zip(self.conns, self.layout)):
+        for i, (c, spec) in enumerate(zip(self.conns, self.cells)):
             try:
                 c.send_bytes(payloads[spec.shard])
             except OSError:
@@ -273,11 +275,10 @@ class ProcessGrid:
         got = self._collect(f"in iteration {iteration}", self.timeout_s)
         shares, reduce_bytes = [], 0
         peaks, baselines = {}, {}
-        for spec, ((ll, compute, couple_s, cbytes, received, peak, baseline), payload) in zip(self.layout, got):
-            shares.append(WorkerShare(stats=pickle.loads(payload), loglik=ll, compute_s=compute,
-                                      coupling_s=couple_s, coupling_bytes=cbytes, receive_s=received))
+        for report, payload in got:  # a ShareReport and the pickled statistics it describes
+            shares.append(report.share(pickle.loads(payload)))
             reduce_bytes += len(payload)
-            peaks[spec.name], baselines[spec.name] = peak, baseline
+            peaks[report.worker], baselines[report.worker] = report.peak_bytes, report.baseline_bytes
         d, m = self.shape
         stats, total = reduce_shares([shares[r * m:(r + 1) * m] for r in range(d)])
         return GridOutcome(stats=stats, loglik=total, **critical_path(shares, perf_counter() - t0),

@@ -1,16 +1,18 @@
 """The worker step: one worker's share of one EM iteration, shared by every executor.
 
 A worker is the cell ``(replica r, shard s)`` of a plan's ``D x M`` grid. It holds the rows
-``plan.replica_ranges()[r]`` restricted to the leaf columns of shard ``s`` and owns the
-maximal unsplit subtrees (*owned roots*) whose leaves lie on shard ``s``. Per block of rows
-it evaluates its owned roots, exchanges their per-row log densities with the other shards
-of its replica (the *coupling*), evaluates the nodes above them, and folds the statistics
-of what it owns (shard 0 also those of the nodes above, and the log-likelihood).
+``plan.replica_ranges()[r]`` restricted to the columns shard ``s`` reads, and evaluates the
+*shard roots* whose leaves lie on shard ``s`` (what a shard holds is the model's business:
+:class:`models.shard.ShardView`). Per block of rows it runs the upward pass of its shard
+roots, exchanges their per-row log densities with the other shards of its replica (the
+*coupling*), and runs the rest of the block's passes, folding the statistics of what it
+evaluates (the lead shard also those of the spanning nodes, and the log-likelihood).
 
 The step is a generator (:meth:`WorkerStep.passes`) that yields at every exchange, so the
 same code runs the shards of a replica in lockstep in one process and, driven by
 :meth:`WorkerStep.run` with a blocking exchange, in one process per worker. Executors
-supply only the exchange, the reduce and the broadcast: how bytes move.
+supply only the exchange, the reduce and the broadcast: how bytes move. What every
+transport sends back after a step is one :class:`ShareReport` beside the pickled statistics.
 
 Two things every executor gets from here alike: the fault-injection testing hook
 (:mod:`executors.faults`, read once per worker from ``EMGRID_FAULT``) fires inside
@@ -20,20 +22,19 @@ Two things every executor gets from here alike: the fault-injection testing hook
 
 from __future__ import annotations
 
-import copy
 import math
 import pickle
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from time import perf_counter
+from typing import NamedTuple
 
 import numpy as np
 
-from emgrid.models import Composite, Node, Ragged, Stats, owned_roots, take_rows
-from emgrid.models.cost import split_nodes
-from emgrid.models.base import child_path
-from emgrid.models.data import Data, _ragged_unchecked
-from emgrid.models.engine import block_rows, shard_block, shard_down, shard_up
+from emgrid.models import Node, ShardView, Stats, take_rows
+from emgrid.models.data import Data
+from emgrid.models.engine import block_rows
+from emgrid.models.stats import StatsAccumulator
 from emgrid.planner.plan import BalancePlan
 
 from . import faults
@@ -47,52 +48,65 @@ Exchange = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One cell of the grid: where it sits, which rows and leaves it holds, what it owns."""
+    """One cell of the grid: where it sits, which rows it holds, and its shard's view."""
 
     replica: int
     shard: int
     name: str
     start: int  # first row of the replica
     stop: int  # one past its last row
-    leaves: tuple[str, ...]
-    owned: tuple[str, ...]  # owned-root paths in pre-order; ("",) when the tree is unsplit
-    active: bool  # False for the idle shards of a plan whose tree sits whole on one shard
-    first_shard: bool  # folds the nodes above the owned roots and counts the log-likelihood
-    exchanges: bool  # whether the shards of this replica exchange per block
+    view: ShardView  # what every shard of the plan holds (the same for every cell)
     block_rows: int  # rows per block, the whole model's (a shard's part of it cannot tell)
     index: int = 0  # grid index r * M + s
-    split: tuple[str, ...] = ()  # paths of the split nodes, which every shard evaluates
-    #: every shard's owned roots (by shard), in the order its coupling messages carry them
-    replica_owned: tuple[tuple[str, ...], ...] = ()
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
 
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        return self.view.leaves_of(self.shard)
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """The shard roots this worker evaluates, in pre-order; ``("",)`` when the tree is whole here."""
+        return self.view.roots_of(self.shard)
+
+    @property
+    def spanning(self) -> tuple[str, ...]:
+        """The spanning nodes, which every shard evaluates."""
+        return self.view.spanning
+
+    @property
+    def replica_roots(self) -> tuple[tuple[str, ...], ...]:
+        """Every shard's roots (by shard), in the order its coupling messages carry them."""
+        return self.view.roots_by_shard
+
+    @property
+    def active(self) -> bool:
+        """False for the idle shards of a plan whose tree sits whole on one shard."""
+        return self.view.evaluates(self.shard)
+
+    @property
+    def exchanges(self) -> bool:
+        """Whether the shards of this replica exchange per block."""
+        return not self.view.whole
+
+    @property
+    def first_shard(self) -> bool:
+        """Folds the spanning nodes' statistics and counts the log-likelihood."""
+        return self.shard == self.view.lead_shard
+
 
 def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
-    """``layout[r][s]``: the spec of every worker of the plan's grid."""
-    roots = owned_roots(model, plan.shard_of_leaf())
-    split = tuple(sorted(split_nodes(model, plan.shard_of_leaf())))
+    """``layout[r][s]``: the spec of every worker of the plan's grid (computed once per fit)."""
+    view = ShardView.of(model, plan.shard_of_leaf(), len(plan.model_cuts))
     rows_per_block = block_rows(model)
-    whole = list(roots) == [""]
     names = plan.worker_grid()
-    layout = []
-    for r, (start, stop) in enumerate(plan.replica_ranges()):
-        row = []
-        for s, cut in enumerate(plan.model_cuts):
-            if whole:
-                owner = roots[""] == s
-                owned, active, first = (("",) if owner else ()), owner, owner
-            else:
-                owned = tuple(p for p, sh in roots.items() if sh == s)
-                active, first = True, s == 0
-            row.append(WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop,
-                                  leaves=tuple(cut.leaves), owned=owned, active=active, first_shard=first,
-                                  exchanges=not whole, index=r * len(plan.model_cuts) + s, split=split,
-                                  block_rows=rows_per_block))
-        layout.append([replace(spec, replica_owned=tuple(w.owned for w in row)) for spec in row])
-    return layout
+    m = len(plan.model_cuts)
+    return [[WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop, view=view,
+                        block_rows=rows_per_block, index=r * m + s) for s in range(m)]
+            for r, (start, stop) in enumerate(plan.replica_ranges())]
 
 
 @dataclass
@@ -111,109 +125,39 @@ class WorkerShare:
         """The statistics as they cross the wire in the reduce."""
         return pickle.dumps(self.stats, protocol=PROTOCOL)
 
-
-class Elsewhere(Node):
-    """Stands for a subtree that another shard of the replica owns, in the model a shard
-    receives (:func:`shard_model`): its log density arrives by the exchange, so it is never
-    evaluated here, and its parameters stay with its own shard."""
-
-    has_own_stats = False
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def params(self):
-        return {}
-
-    def describe(self) -> str:
-        return f"(subtree {self.path!r} on another shard)"
-
-    def cost(self):
-        raise AssertionError(f"{self.describe()} has no cost here")
-
-    def _log_density(self, data):
-        raise AssertionError(f"{self.describe()} was evaluated on the wrong shard")
-
-    def _accumulate(self, data, w):
-        raise AssertionError(f"{self.describe()} was folded on the wrong shard")
+    def report(self, worker: str, stats_bytes: int, baseline_bytes: int) -> "ShareReport":
+        """What the worker sends beside its pickled statistics (``stats_bytes`` long)."""
+        return ShareReport(worker=worker, loglik=self.loglik, receive_s=self.receive_s, compute_s=self.compute_s,
+                           coupling_s=self.coupling_s, coupling_bytes=self.coupling_bytes, stats_bytes=stats_bytes,
+                           peak_bytes=self.peak_bytes, baseline_bytes=baseline_bytes)
 
 
-def shard_model(model: Node, spec: WorkerSpec) -> Node:
-    """What worker ``spec`` needs of ``model``: its owned subtrees whole and the split nodes
-    above them, every other shard's owned subtree an :class:`Elsewhere`; the whole model
-    when the tree is not split, and a bare :class:`Elsewhere` for an idle shard."""
-    if not spec.active:
-        return Elsewhere("")
-    if not spec.exchanges:
-        return model
-    split, owned = frozenset(spec.split), frozenset(spec.owned)
+class ShareReport(NamedTuple):
+    """A worker's share of one iteration as every transport sends it to the coordinator,
+    beside its pickled statistics (:meth:`WorkerShare.payload`, ``stats_bytes`` long), which
+    travel as bytes of their own and are what ``bytes_moved["reduce"]`` counts."""
 
-    def prune(node: Node, path: str) -> Node:
-        if path in owned:
-            return node
-        if path not in split:
-            return Elsewhere(path)
-        twin = copy.copy(node)  # shares the parameter arrays; only the children differ
-        twin.children = tuple(prune(c, child_path(path, i)) for i, c in enumerate(node.children))
-        return twin
+    worker: str
+    loglik: float
+    receive_s: float
+    compute_s: float
+    coupling_s: float
+    coupling_bytes: int
+    stats_bytes: int
+    peak_bytes: int  # see executors.memory
+    baseline_bytes: int
 
-    return prune(model, "")
+    def share(self, stats: Stats) -> WorkerShare:
+        """The worker's share again, on the coordinator, with its statistics unpickled."""
+        return WorkerShare(stats=stats, loglik=self.loglik, compute_s=self.compute_s, coupling_s=self.coupling_s,
+                           coupling_bytes=self.coupling_bytes, receive_s=self.receive_s, peak_bytes=self.peak_bytes)
 
 
 def shard_payloads(model: Node, layout: Sequence[Sequence[WorkerSpec]]) -> list[bytes]:
-    """The pickled :func:`shard_model` of every shard (the same for every replica)."""
-    return [pickle.dumps(shard_model(model, spec), protocol=PROTOCOL) for spec in layout[0]]
-
-
-def restrict_columns(model: Node, data: Data, keep: frozenset[str], path: str = "",
-                     split: frozenset[str] = frozenset()) -> Data:
-    """``data`` with the columns of leaves outside ``keep`` replaced by None.
-
-    The tuples are kept whole, and the offsets of every sequence level that this shard
-    evaluates: those above a kept leaf and those of the ``split`` nodes, which every shard
-    evaluates whatever leaves it holds (a sequence wholly on other shards loses its
-    offsets too). A column that several leaves read (the components of a mixture, the
-    states of an HMM) is kept when any of them is kept.
-    """
-    if model.is_leaf:
-        return data if path in keep else None
-    if isinstance(model, Composite):
-        return tuple(restrict_columns(c, data[i], keep, child_path(path, i), split)
-                     for i, c in enumerate(model.children))
-    shared = model._child_data(data, 0)
-    parts = [restrict_columns(c, shared, keep, child_path(path, i), split) for i, c in enumerate(model.children)]
-    merged = parts[0]
-    for part in parts[1:]:
-        merged = _union(merged, part)
-    if shared is data:
-        return merged
-    if isinstance(data, Ragged) and shared is data.values:
-        return None if _holds_nothing(merged) and path not in split else _ragged_unchecked(merged, data.offsets)
-    raise TypeError(f"{model.family} at {path or '<root>'!r}: cannot tell how its children read its data")
-
-
-def _holds_nothing(data: Data) -> bool:
-    """No column at all: None, or tuples of nothing (a kept sequence holds its offsets)."""
-    if data is None:
-        return True
-    return isinstance(data, tuple) and all(_holds_nothing(d) for d in data)
-
-
-def _union(a: Data, b: Data) -> Data:
-    """Two restrictions of one column: every part held by either."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(a, tuple):
-        return tuple(_union(x, y) for x, y in zip(a, b))
-    if isinstance(a, Ragged):
-        return _ragged_unchecked(_union(a.values, b.values), a.offsets)
-    return a
-
-
-def _no_exchange(mine):
-    raise AssertionError("an unsplit tree has nothing to exchange")
+    """The pickled part of ``model`` every shard holds (:meth:`ShardView.model_for`; the
+    same for every replica)."""
+    view = layout[0][0].view
+    return [pickle.dumps(view.model_for(s, model), protocol=PROTOCOL) for s in range(view.n_shards)]
 
 
 class WorkerStep:
@@ -228,8 +172,7 @@ class WorkerStep:
         self.spec = spec
         self.meter = meter if meter is not None else PeakMeter()
         self.faults = faults.from_env(spec.name, spec.index)
-        self.data = (restrict_columns(model, replica_data, frozenset(spec.leaves), split=frozenset(spec.split))
-                     if spec.active else None)
+        self.data = spec.view.columns_for(spec.shard, model, replica_data)
 
     @classmethod
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
@@ -243,14 +186,15 @@ class WorkerStep:
         return math.ceil(self.spec.rows / self.spec.block_rows)
 
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
-        """The E-step on this worker's rows; yields its owned roots' log densities per block.
+        """The E-step on this worker's rows; yields its shard roots' log densities per block.
 
-        The value sent back in must be every owned root's log density for the block (all
+        ``model`` is the worker's part of the model (:func:`shard_payloads`, or the whole
+        model). The value sent back in must be every shard root's log density for the block (all
         shards of the replica). Returns the worker's :class:`WorkerShare`. ``iteration``
         (from 1; 0 = not counted) is what the fault-injection hook matches.
         """
-        spec = self.spec
-        folded: dict[str, list] | None = None
+        spec, view = self.spec, self.spec.view
+        folded = StatsAccumulator()
         ll = 0.0
         compute = 0.0
         sent = 0
@@ -267,25 +211,25 @@ class WorkerStep:
                 block = take_rows(self.data, a, b)
                 w = ones[: b - a]
                 if not spec.exchanges:
-                    out, part = shard_block(model, block, w, spec.owned, _no_exchange, True)
+                    out, part = view.whole_block(model, block, w)
                 else:
-                    cache, mine = shard_up(model, block, spec.owned)
+                    cache, mine = view.up(spec.shard, model, block)
                     sent += sum(v.nbytes for v in mine.values())
                     compute += perf_counter() - t0
                     every = yield mine
                     t0 = perf_counter()
-                    out, part = shard_down(model, block, w, spec.owned, cache, every, spec.first_shard)
+                    out, part = view.down(spec.shard, model, block, w, cache, every)
                     # the block's kept arrays and exchanged densities go now, not when the
-                    # next block's upward pass rebinds the names: held across it, they put a
-                    # second block of working arrays into the worker's peak (1.3-1.5x the plan)
+                    # next block's upward pass rebinds the names: held across it, they would
+                    # put a second block of working arrays into the worker's peak
                     del cache, mine, every
-                folded = _fold(folded, out)
+                folded.add(out)
                 del out
                 ll += part
                 compute += perf_counter() - t0
         elif due:
             faults.fire(due, spec.name, iteration, 0, True)
-        stats = Stats({k: tuple(v) for k, v in folded.items()}) if folded is not None else Stats()
+        stats = folded.result()
         if due:
             stats = faults.poison(due, iteration, stats)
         return WorkerShare(stats=stats, loglik=ll, compute_s=compute, coupling_bytes=sent,
@@ -307,25 +251,6 @@ class WorkerStep:
             share = done.value
         share.coupling_s = coupling
         return share
-
-
-def _fold(total: dict[str, list] | None, out: dict) -> dict[str, list]:
-    """``total + out`` node by node, float arrays added in place (the sums ``Stats.__add__``
-    makes, without a new set of arrays per block); the first block's arrays are copied."""
-    if total is None:
-        return {k: [np.array(v) if isinstance(v, np.ndarray) else v for v in own] for k, own in out.items()}
-    for key, own in out.items():
-        mine = total.get(key)
-        if mine is None:
-            total[key] = [np.array(v) if isinstance(v, np.ndarray) else v for v in own]
-            continue
-        for i, v in enumerate(own):
-            m = mine[i]
-            if type(m) is np.ndarray and m.dtype.kind == "f" and m.shape == np.shape(v):
-                m += v
-            else:
-                mine[i] = m + v
-    return total
 
 
 def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node, iteration: int = 0) -> list[WorkerShare]:
@@ -357,7 +282,7 @@ def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node, iteration: in
 
 
 def merge_exchange(parts) -> dict[str, np.ndarray]:
-    """Every owned root's log density from the shards' parts (their keys are disjoint)."""
+    """Every shard root's log density from the shards' parts (their keys are disjoint)."""
     every: dict[str, np.ndarray] = {}
     for part in parts:
         every.update(part)

@@ -3,7 +3,7 @@
 from .base import FAMILIES, Internal, Leaf, Node
 from .categorical import Categorical
 from .composite import Composite
-from .cost import NodeCost, PlacedCost, coupling_bytes_per_row, owned_roots, split_nodes, tree_costs
+from .cost import NodeCost, PlacedCost, tree_costs
 from .data import Ragged, concat_rows, n_rows, take_index, take_rows
 from .engine import e_step, em_step
 from .errors import DataError, EmgridError, ModelError, SpecError
@@ -13,13 +13,14 @@ from .hmm import HMM
 from .mixture import Mixture
 from .poisson import Poisson
 from .sequence import Sequence
+from .shard import ShardView, coupling_bytes_per_row, shard_roots, spanning_nodes
 from .spec import from_spec, load_model, save_model
 from .stats import Stats
 
 __all__ = [
     "Gaussian", "DiagGaussian", "FullGaussian", "Categorical", "Poisson", "Exponential",
     "Composite", "Mixture", "HMM", "Sequence", "Ragged", "Node", "Leaf", "Internal", "FAMILIES",
-    "NodeCost", "PlacedCost", "tree_costs", "coupling_bytes_per_row", "owned_roots", "split_nodes",
+    "NodeCost", "PlacedCost", "tree_costs", "coupling_bytes_per_row", "shard_roots", "spanning_nodes", "ShardView",
     "Stats", "e_step", "em_step", "from_spec", "load_model", "save_model", "n_rows", "take_rows",
     "take_index", "concat_rows", "DataError", "ModelError", "SpecError", "EmgridError",
 ]

@@ -49,6 +49,16 @@ class Ragged:
                 )
 
     @classmethod
+    def unchecked(cls, values: "Data", offsets: np.ndarray) -> "Ragged":
+        """A Ragged without the checks, for parts of data already checked: row slices,
+        restrictions to some columns (``values`` may hold None), files written from checked
+        data. ``values`` and ``offsets`` are taken as they are."""
+        r = object.__new__(cls)
+        object.__setattr__(r, "values", values)
+        object.__setattr__(r, "offsets", offsets)
+        return r
+
+    @classmethod
     def from_rows(cls, rows) -> "Ragged":
         """Builds from a list of per-row arrays (each that row's positions)."""
         rows = list(rows)
@@ -103,7 +113,7 @@ def take_rows(data: Data, start: int, stop: int) -> Data:
     if isinstance(data, Ragged):
         a, b = int(data.offsets[start]), int(data.offsets[stop])
         vals = take_rows(data.values, a, b)
-        return _ragged_unchecked(vals, data.offsets[start : stop + 1] - a)
+        return Ragged.unchecked(vals, data.offsets[start : stop + 1] - a)
     return data[start:stop]
 
 
@@ -119,7 +129,7 @@ def take_index(data: Data, index: np.ndarray) -> Data:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         starts = data.offsets[:-1][index]
         pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        return _ragged_unchecked(take_index(data.values, pos), offsets)
+        return Ragged.unchecked(take_index(data.values, pos), offsets)
     return data[index]
 
 
@@ -134,15 +144,8 @@ def concat_rows(parts: list) -> Data:
         values = concat_rows([p.values for p in parts])
         shift = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
         offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shift)])
-        return _ragged_unchecked(values, offsets.astype(np.int64))
+        return Ragged.unchecked(values, offsets.astype(np.int64))
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
-
-
-def _ragged_unchecked(values: Data, offsets: np.ndarray) -> Ragged:
-    r = object.__new__(Ragged)
-    object.__setattr__(r, "values", values)
-    object.__setattr__(r, "offsets", offsets)
-    return r
 
 
 def flatten(data: Data, key: str = "x") -> dict[str, np.ndarray]:
@@ -168,7 +171,7 @@ def unflatten(arrays, key: str = "x") -> Data:
     if key in names:
         return arrays[key]
     if f"{key}.offsets" in names:
-        return _ragged_unchecked(unflatten(arrays, f"{key}.values"), np.asarray(arrays[f"{key}.offsets"]))
+        return Ragged.unchecked(unflatten(arrays, f"{key}.values"), np.asarray(arrays[f"{key}.offsets"]))
     fields = []
     i = 0
     while any(n == f"{key}.{i}" or n.startswith(f"{key}.{i}.") for n in names):

@@ -21,13 +21,13 @@ def roots(shards: list[list[np.ndarray]]) -> list[list[str]]:
 
 @given(parts)
 def test_every_shards_densities_arrive_bit_for_bit_as_views_of_the_messages(shards):
-    owned = roots(shards)
-    mines = [dict(zip(names, arrs)) for names, arrs in zip(owned, shards)]
-    messages = [coupling.pack(mine, names) for mine, names in zip(mines, owned)]
+    by_shard = roots(shards)
+    mines = [dict(zip(names, arrs)) for names, arrs in zip(by_shard, shards)]
+    messages = [coupling.pack(mine, names) for mine, names in zip(mines, by_shard)]
     for mine, message in zip(mines, messages):
         assert len(message) == coupling.message_length(mine)
-    every = coupling.merge(messages, owned)
-    assert list(every) == [r for names in owned for r in names]
+    every = coupling.merge(messages, by_shard)
+    assert list(every) == [r for names in by_shard for r in names]
     for mine, message in zip(mines, messages):
         for r, v in mine.items():
             assert every[r].tobytes() == v.tobytes()
@@ -36,15 +36,15 @@ def test_every_shards_densities_arrive_bit_for_bit_as_views_of_the_messages(shar
 
 @given(parts, st.data())
 def test_one_failed_shard_makes_the_merge_say_so(shards, draw):
-    owned = roots(shards)
-    messages = [coupling.pack(dict(zip(names, arrs)), names) for names, arrs in zip(owned, shards)]
+    by_shard = roots(shards)
+    messages = [coupling.pack(dict(zip(names, arrs)), names) for names, arrs in zip(by_shard, shards)]
     bad = draw.draw(st.integers(0, len(shards) - 1))
     messages[bad] = coupling.mark_failed(np.empty(coupling.FAILED_LENGTH))
-    assert coupling.merge(messages, owned) is None
+    assert coupling.merge(messages, by_shard) is None
 
 
 def test_a_message_that_does_not_match_its_roots_is_a_bug_not_data():
-    with pytest.raises(AssertionError, match="owned roots"):
+    with pytest.raises(AssertionError, match="sends its roots"):
         coupling.pack({"b": np.zeros(2), "a": np.zeros(2)}, ["a", "b"])
     with pytest.raises(AssertionError, match="one value per row"):
         coupling.pack({"a": np.zeros((2, 2))}, ["a"])

@@ -76,3 +76,24 @@ def test_an_unsplit_plan_moves_no_coupling_bytes():
     model = SPLIT_MODELS["mixture"]
     res = optimize(model.sample(300, RNG), model, plan=grid_plan(model, 300, 3, 1), max_iter=2)
     assert all(b["coupling"] == 0 for b in res.bytes_moved)
+
+
+def test_the_report_a_worker_sends_rebuilds_its_share_on_the_coordinator():
+    """One message for every transport: the figures travel in a ``ShareReport``, the
+    statistics as their pickle beside it, whose length is what the reduce counts."""
+    import pickle
+
+    from emgrid.executors.step import ShareReport, WorkerShare
+    from emgrid.models import Stats
+
+    stats = Stats({"": (np.arange(3.0), 2.5), "0": (np.ones(2),)})
+    share = WorkerShare(stats=stats, loglik=-12.5, compute_s=0.25, coupling_s=0.125, coupling_bytes=4096,
+                        receive_s=0.0625, peak_bytes=1 << 20)
+    blob = share.payload()
+    report = pickle.loads(pickle.dumps(share.report("w3", len(blob), 777)))
+    assert isinstance(report, ShareReport) and report.worker == "w3"
+    assert (report.stats_bytes, report.baseline_bytes) == (len(blob), 777)
+    again = report.share(pickle.loads(blob))
+    assert again.stats.allclose(stats)
+    for name in ("loglik", "compute_s", "coupling_s", "coupling_bytes", "receive_s", "peak_bytes"):
+        assert getattr(again, name) == getattr(share, name) == getattr(report, name)

@@ -32,7 +32,7 @@ def other_shard_messages(model, data, specs, shard: int) -> list[bytes]:
     sent = [next(g) for g in gens]
     messages = []
     while True:
-        messages.append(coupling.pack(sent[1 - shard], specs[1 - shard].owned).tobytes())
+        messages.append(coupling.pack(sent[1 - shard], specs[1 - shard].roots).tobytes())
         every = {k: v for m in sent for k, v in m.items()}
         try:
             sent = [g.send(every) for g in gens]
@@ -45,10 +45,10 @@ def traced_peak(model, data, spec, messages: list[bytes]) -> int:
     queue = []
 
     def exchange(mine):
-        messages = [coupling.pack(mine, spec.owned), np.frombuffer(queue.pop(0))]  # as a pipe brings it
+        messages = [coupling.pack(mine, spec.roots), np.frombuffer(queue.pop(0))]  # as a pipe brings it
         if spec.shard == 1:
             messages.reverse()
-        return coupling.merge(messages, spec.replica_owned)
+        return coupling.merge(messages, spec.replica_roots)
 
     queue[:] = messages
     step.run(model, exchange)  # caches warm
