@@ -40,10 +40,10 @@ import numpy as np
 
 from emgrid.models.cost import ceil_log2
 
-from emgrid.models.engine import NODE_CALL_S
+from emgrid.models.units import NODE_CALL_S
 
-from .costing import (COUPLING_COPIES, WORKER_BASE_BYTES, ModelFacts, block_counts, compute_factor, fixed_bytes,
-                      mstep_s)
+from .costing import COUPLING_COPIES, WORKER_BASE_BYTES, block_counts, compute_factor, fixed_bytes, mstep_s
+from .facts import ModelFacts
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.

@@ -17,7 +17,7 @@ from ortools.sat.python import cp_model
 
 from emgrid.models.cost import ceil_log2
 
-from emgrid.models.engine import NODE_CALL_S
+from emgrid.models.units import NODE_CALL_S
 
 from .costing import COUPLING_COPIES, WORKER_BASE_BYTES, compute_factor, fixed_bytes
 from .scaling import Scale

@@ -3,20 +3,21 @@
 Every figure a plan reports comes from :func:`evaluate`: the exact planner recomputes its
 answer with it, the heuristics and baselines are priced with it, ``validate_plan`` checks
 plans against it and the executors predict with it. Costs are the nodes' own costs per root
-row from :func:`models.cost.tree_costs` (``c_v`` below stands for any of them).
+row from :func:`models.cost.tree_costs`, held as arrays in :class:`planner.facts.ModelFacts`
+(``c_v`` below stands for any of them).
 
 Which nodes a shard evaluates
-    A node is *split* when its leaves lie on more than one shard
-    (:func:`models.cost.split_nodes`). Shard ``s`` evaluates ``E_s`` = the nodes of the
-    subtrees it owns (:func:`models.cost.owned_roots`) plus every split node: the split
-    nodes are evaluated redundantly on every shard of a replica. With ``M = 1`` the only
+    A node is *split* (``models.shard`` says *spanning*) when its leaves lie on more than
+    one shard (:func:`models.shard.spanning_nodes`). Shard ``s`` evaluates ``E_s`` = the
+    nodes of the subtrees whose roots it holds (:func:`models.shard.shard_roots`) plus every
+    split node: the split nodes are evaluated redundantly on every shard of a replica. With ``M = 1`` the only
     shard evaluates the whole tree. Shard sums ``X_s = sum_{v in E_s} x_v`` are taken of
     FLOPs (``F_s``), parameter (``P_s``), statistic (``S_s``) and kept working bytes
     (``W_s``); the scratch bytes ``X_s = max_{v in E_s} x_v`` (one node computes at a time).
     Data bytes ``D_s`` count every *data column* the shard touches once: the children of
     a mixture or an HMM read one column (``Node.shares_child_data``), and a shard holding
     three components of a mixture keeps one copy of it, as
-    ``executors.step.restrict_columns`` does.
+    ``models.shard.restrict_columns`` does.
 
 Rows
     Replica ``r`` takes ``rows_r`` consecutive rows (:func:`replica_rows`: proportional to
@@ -28,9 +29,9 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
 
 - compute   ``max_{r,s} rows_r * F_s / speed(r, s) + ceil(rows_r / B) * K_s * c`` (the
   busiest worker), ``K_s`` the shard's node visits per block (``NodeCost.calls_per_block``)
-  and ``c = models.engine.NODE_CALL_S`` the interpreter time of one;
+  and ``c = models.units.NODE_CALL_S`` the interpreter time of one;
 - coupling  (``M > 1``) ``max_r [ceil(rows_r / B) * L(M) * lat + rows_r * C * (M-1)/M / bw]
-  + SYNC_WAIT_SHARE * compute`` with ``C = models.cost.coupling_bytes_per_row``: an
+  + SYNC_WAIT_SHARE * compute`` with ``C = models.shard.coupling_bytes_per_row``: an
   allgather of the owned roots' log densities among the ``M`` shards of a replica, once per
   block, and the wait for each block's slowest shard;
 - reduce    ``L(D) * (lat + max_s S_s / bw)``: every shard group tree-reduces its shard's
@@ -60,59 +61,54 @@ reports ``fits=None`` unless a known worker already overflows.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from emgrid.models.base import Node
-from emgrid.models.cost import ceil_log2, tree_costs
-from emgrid.models.engine import ESTIMATE_S, ITERATION_S, NODE_CALL_S, block_rows
+from emgrid.models.cost import ceil_log2
+from emgrid.models.units import ESTIMATE_S, ITERATION_S, NODE_CALL_S
 
+# ``model_facts`` and ``leaf_shard_array`` are imported from here by bench/ as well.
+from .facts import ModelFacts, leaf_shard_array, model_facts, worker_arrays  # noqa: F401
 from .plan import Breakdown, WorkerLoad
 from .resources import Resources
 
 
 #: Copies of a worker's parameters and statistics at its peak: the model it evaluates, the
 #: statistics it folds, and one more of either in transit (statistics pickled for the
-#: reduce, the next model arriving with its pickle). A categorical mixture whose tables
-#: dominate measured 2.7 copies (``bench/memory.py``).
+#: reduce, the next model arriving with its pickle). ``bench/memory.py`` measures it on a
+#: categorical mixture whose tables dominate (``bench/results/memory.md``).
 PARAM_STAT_COPIES = 3.0
 
 
 #: What a fitting worker holds above its baseline that grows with nothing above: messages
-#: in flight, Python objects. Least squares over the 266 workers of ``bench/soak.py`` (rows
-#: mapped by range, so the data term is exact): 0.2-0.3 MiB; a tiny worker's rows and block
-#: alone measured within 1% of its RSS (``bench/memory.py``).
+#: in flight, Python objects. Fitted by least squares to the workers' peak memory in
+#: ``bench/soak.py`` (``bench/results/soak.md``; the terms in ``bench/results/memory.md``).
 WORKER_BASE_BYTES = 2**18
 
 #: Copies of a block's exchanged log densities a worker holds while the shards of its
 #: replica exchange them: its own densities as computed, and every shard's message (its own
-#: packed into it), which the downward pass reads in place (``executors.coupling``). With
-#: two copies, 266 of 266 workers of ``bench/soak.py``'s two-shard fits land within 25% of
-#: the plan.
+#: packed into it), which the downward pass reads in place (``executors.coupling``).
+#: ``bench/soak.py`` compares two-shard workers with the plan (``bench/results/soak.md``).
 COUPLING_COPIES = 2.0
 
 #: With ``M > 1`` the shards of a replica meet once per block, so each waits for the
-#: block's slowest shard: block-to-block jitter that balancing cannot remove. Measured
-#: beside the predicted exchange: 9-17% of the compute under MPI, 0-12% with pipes
-#: (``bench/scaling.py``, two shards of equal work).
+#: block's slowest shard: block-to-block jitter that balancing cannot remove, about a tenth
+#: of the compute for two shards of equal work (``bench/scaling.py``, figures in
+#: ``bench/results/scaling.md``).
 SYNC_WAIT_SHARE = 0.1
 
 
 #: Copies of the whole model's parameters and statistics that the coordinator holds beyond
 #: a worker's when it is a worker too (``Resources.coordinator_in_grid``): the shards'
-#: statistics gathered and merged, the new model and its pickled parts for the workers.
-#: Measured 1.1-2.8 on categorical mixtures whose tables dominate, 2x1 and 1x2
-#: (``bench/memory.py --executor mpi``).
+#: statistics gathered and merged, the new model and its pickled parts for the workers
+#: (``bench/memory.py --executor mpi`` measures it: ``bench/results/memory_mpi.md``).
 COORDINATOR_COPIES = 2.5
 
 
-def coordinator_bytes(facts: "ModelFacts", resources: Resources) -> float:
+def coordinator_bytes(facts: ModelFacts, resources: Resources) -> float:
     """What cell ``(0, 0)`` holds beyond its worker's share when it also coordinates
     (:data:`COORDINATOR_COPIES`; 0 when the coordinator is outside the grid)."""
     if not resources.coordinator_in_grid:
@@ -128,157 +124,6 @@ def compute_factor(m: int) -> float:
 def fixed_bytes(param, stat):
     """A worker's bytes for parameters and statistics (``PARAM_STAT_COPIES`` copies)."""
     return PARAM_STAT_COPIES * (param + stat)
-
-
-@dataclass(frozen=True, eq=False)
-class ModelFacts:
-    """A model's placed costs as pre-order arrays, with the tree structure beside them."""
-
-    paths: tuple[str, ...]
-    families: tuple[str, ...]
-    descriptions: tuple[str, ...]
-    parent: np.ndarray  # node index of the parent, -1 for the root
-    children: tuple[tuple[int, ...], ...]
-    is_leaf: np.ndarray
-    flops: np.ndarray  # own FLOPs per root row
-    param: np.ndarray
-    stat: np.ndarray
-    data: np.ndarray  # bytes per root row
-    work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
-    scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
-    work_split: np.ndarray  # ``work`` and ``scratch`` of the node when it is split (see PlacedCost)
-    scratch_split: np.ndarray
-    calls: np.ndarray  # Python-level visits per block (whatever its rows)
-    couple: np.ndarray  # bytes per root row shipped when the node is an owned root
-    data_group: np.ndarray  # data column of every node (nodes reading one column share it)
-    group_data: np.ndarray  # bytes per root row of every data column
-    leaf_nodes: np.ndarray  # node index of every leaf, pre-order
-    leaf_paths: tuple[str, ...]
-    leaf_lo: np.ndarray  # node v covers leaves [leaf_lo[v], leaf_hi[v])
-    leaf_hi: np.ndarray
-    block_rows: int
-    fingerprint: str
-
-    @property
-    def n_nodes(self) -> int:
-        return len(self.paths)
-
-    @property
-    def n_leaves(self) -> int:
-        return len(self.leaf_paths)
-
-    def leaf_index(self) -> dict[str, int]:
-        return {p: i for i, p in enumerate(self.leaf_paths)}
-
-
-_FACTS: OrderedDict[int, tuple[Node, ModelFacts]] = OrderedDict()
-
-
-def model_facts(model: Node) -> ModelFacts:
-    """The cost arrays of ``model`` (cached by identity; model nodes are immutable)."""
-    hit = _FACTS.get(id(model))
-    if hit is not None and hit[0] is model:
-        _FACTS.move_to_end(id(model))
-        return hit[1]
-    facts = _build_facts(model)
-    _FACTS[id(model)] = (model, facts)
-    while len(_FACTS) > 16:
-        _FACTS.popitem(last=False)
-    return facts
-
-
-def _build_facts(model: Node) -> ModelFacts:
-    costs = tree_costs(model)
-    nodes = model.nodes()
-    paths = tuple(c.path for c in costs)
-    index = {p: i for i, p in enumerate(paths)}
-    parent = np.full(len(paths), -1, dtype=np.int64)
-    children: list[list[int]] = [[] for _ in paths]
-    for i, p in enumerate(paths):
-        if p:
-            par = index[p.rsplit(".", 1)[0] if "." in p else ""]
-            parent[i] = par
-            children[par].append(i)
-    is_leaf = np.array([c.is_leaf for c in costs])
-    leaf_nodes = np.flatnonzero(is_leaf)
-    lo = np.zeros(len(paths), dtype=np.int64)
-    hi = np.zeros(len(paths), dtype=np.int64)
-    leaf_pos = {int(v): k for k, v in enumerate(leaf_nodes)}
-    for v in range(len(paths) - 1, -1, -1):
-        if is_leaf[v]:
-            lo[v], hi[v] = leaf_pos[v], leaf_pos[v] + 1
-        else:
-            lo[v], hi[v] = lo[children[v][0]], hi[children[v][-1]]
-    arr = lambda name: np.array([float(getattr(c, name)) for c in costs])  # noqa: E731
-    data = arr("data_bytes_per_row")
-    keys = [""] * len(paths)
-    for i in range(1, len(paths)):
-        par = int(parent[i])
-        step = "*" if nodes[par][1].shares_child_data else paths[i].rsplit(".", 1)[-1]
-        keys[i] = f"{keys[par]}.{step}"
-    key_ids = {k: g for g, k in enumerate(dict.fromkeys(keys))}
-    data_group = np.array([key_ids[k] for k in keys], dtype=np.int64)
-    group_data = np.zeros(len(key_ids))
-    np.maximum.at(group_data, data_group, data)
-    return ModelFacts(
-        paths=paths,
-        families=tuple(c.family for c in costs),
-        descriptions=tuple(c.description for c in costs),
-        parent=parent,
-        children=tuple(tuple(c) for c in children),
-        is_leaf=is_leaf,
-        flops=arr("flops_per_row"),
-        param=arr("param_bytes"),
-        stat=arr("stat_bytes"),
-        data=data,
-        work=arr("work_bytes_per_row"),
-        scratch=arr("scratch_bytes_per_row"),
-        work_split=arr("split_work_bytes_per_row"),
-        scratch_split=arr("split_scratch_bytes_per_row"),
-        calls=arr("calls_per_block"),
-        couple=arr("owned_root_coupling_bytes_per_row"),
-        data_group=data_group,
-        group_data=group_data,
-        leaf_nodes=leaf_nodes,
-        leaf_paths=tuple(paths[v] for v in leaf_nodes),
-        leaf_lo=lo,
-        leaf_hi=hi,
-        block_rows=int(block_rows(model)),
-        fingerprint=model_fingerprint(model, nodes),
-    )
-
-
-def model_fingerprint(model: Node, nodes=None) -> str:
-    """SHA-256 of the tree's structure: paths, families and parameter *shapes* (not values),
-    so a fitted model keeps the plan made for its initial state."""
-    items = [
-        [path, node.family, sorted((k, list(np.shape(v))) for k, v in node.params().items())]
-        for path, node in (nodes or model.nodes())
-    ]
-    return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-_WORKERS: OrderedDict[int, tuple[Resources, np.ndarray, np.ndarray]] = OrderedDict()
-
-
-def worker_arrays(resources: Resources) -> tuple[np.ndarray, np.ndarray]:
-    """Every worker's FLOP rate and memory (``inf`` when unknown), cached per resources object."""
-    hit = _WORKERS.get(id(resources))
-    if hit is not None and hit[0] is resources:
-        return hit[1], hit[2]
-    speed = np.array([w.flops_per_s for w in resources.workers], dtype=np.float64)
-    memory = np.array([np.inf if w.memory_bytes is None else float(w.memory_bytes) for w in resources.workers])
-    speed.setflags(write=False)
-    memory.setflags(write=False)
-    _WORKERS[id(resources)] = (resources, speed, memory)
-    while len(_WORKERS) > 16:
-        _WORKERS.popitem(last=False)
-    return speed, memory
-
-
-def resources_fingerprint(resources: Resources) -> str:
-    """SHA-256 of every worker's name, memory and speed and of the network."""
-    return hashlib.sha256(resources.model_dump_json().encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- assignment -> shard sums
@@ -484,8 +329,3 @@ def evaluate(facts: ModelFacts, resources: Resources, n_data: int, leaf_shard, p
     )
     return Evaluation(breakdown=p.breakdown, loads=loads, sums=p.sums, fits=p.fits,
                       rows=tuple(int(x) for x in p.rows))
-
-
-def leaf_shard_array(facts: ModelFacts, shard_of_leaf: dict[str, int]) -> np.ndarray:
-    """``shard_of_leaf`` as an array in leaf pre-order (the caller checks completeness)."""
-    return np.array([shard_of_leaf[p] for p in facts.leaf_paths], dtype=np.int64)

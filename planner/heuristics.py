@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costing import WORKER_BASE_BYTES, ModelFacts, fixed_bytes, worker_arrays
+from .costing import WORKER_BASE_BYTES, fixed_bytes
+from .facts import ModelFacts, worker_arrays
 from .resources import Resources
 from .units import UnitTree
 

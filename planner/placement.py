@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .facts import worker_arrays
 from .resources import Resources
 
 ORDERS = ("speed", "memory")
@@ -91,8 +92,6 @@ def make_layout(resources: Resources, d: int, m: int, order: str = "speed", arra
 
 def profile(resources: Resources, layout: Layout) -> bytes:
     """The layout's ``(speed, memory)`` matrix, as a hashable key."""
-    from .costing import worker_arrays
-
     speed, memory = worker_arrays(resources)
     g = np.asarray(layout.grid)
     return np.stack([speed[g], memory[g]]).tobytes()
@@ -113,16 +112,3 @@ def candidate_layouts(resources: Resources, d: int, m: int) -> list[Layout]:
 
 def default_layout(resources: Resources, d: int, m: int) -> Layout:
     return make_layout(resources, d, m, "speed", "chunked")
-
-
-def names_to_indices(resources: Resources, placement: list[list[str]]) -> list[list[int]]:
-    """Worker names to indices; raises KeyError naming an unknown worker."""
-    index = {w.name: i for i, w in enumerate(resources.workers)}
-    out = []
-    for row in placement:
-        out.append([])
-        for name in row:
-            if name not in index:
-                raise KeyError(name)
-            out[-1].append(index[name])
-    return out

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .explain import explain as explain_plan
+
 
 class ModelCut(BaseModel):
     """One model shard: the leaves it holds, the worker of each replica that runs it, its cost."""
@@ -116,6 +118,5 @@ class BalancePlan(BaseModel):
         return cls.model_validate_json(text)
 
     def explain(self) -> str:
-        from .explain import explain
-
-        return explain(self)
+        """The plan told in a few lines (:func:`planner.explain.explain`)."""
+        return explain_plan(self)

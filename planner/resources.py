@@ -35,19 +35,17 @@ class Network(BaseModel):
     bytes_per_s: float = Field(default=1.0e9, gt=0)
 
 
-#: Worker processes of one machine joined by pipes (``multiprocessing``). A bare pipe round
-#: trip between two processes takes 30-40 us here, but inside the EM loop, with the
-#: executor's pickling and wake-ups, a tiny model's broadcast and reduce between the parent
-#: and two workers took 220-310 us together beyond the local executor's iteration
-#: (``bench/scaling.py``, six runs with both cores free): 150 us a collective.
+#: Worker processes of one machine joined by pipes (``multiprocessing``): 150 us a
+#: collective. Inside the EM loop a broadcast or reduce costs the executor's pickling and
+#: wake-ups, several times a bare pipe round trip (``bench/scaling.py`` measures both;
+#: figures in ``bench/results/scaling.md``).
 PIPES = Network(latency_s=150e-6, bytes_per_s=4e9)
 #: MPI ranks of one machine (mpi4py's collectives over shared memory: pickled for models and
-#: statistics, float64 buffers for the coupling, ``executors.coupling``). In a tight
-#: loop a broadcast, gather and allgather of small objects between two ranks took 16, 39
-#: and 32 us (median), but inside the EM loop, where the ranks arrive out of step, a tiny
-#: model's gather and broadcast took 220-350 us together per iteration, waits included
-#: (``bench/scaling.py``, four runs). 80 us a collective puts the predicted iteration of
-#: those runs at 0.8-1.3x the measured one (30 us: 1.2-1.8x too fast).
+#: statistics, float64 buffers for the coupling, ``executors.coupling``): 80 us a
+#: collective. Inside the EM loop the ranks arrive out of step, so a collective costs its
+#: waits as well, several times what it takes in a tight loop; 80 us puts the predicted
+#: iteration of a tiny model's fit within 0.8-1.3x of the measured one
+#: (``bench/scaling.py``; figures in ``bench/results/scaling.md``).
 SHARED_MEMORY_MPI = Network(latency_s=80e-6, bytes_per_s=5e9)
 
 

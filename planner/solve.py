@@ -33,15 +33,16 @@ from emgrid.models.base import Node
 from emgrid.models.errors import InfeasiblePlanError, PlanError
 
 from .bounds import Bounds
-from .build import assemble, check_grid, check_inputs
+from .build import assemble
+from .check import check_grid, check_inputs
 from .config import SolverConfig
-from .costing import (ModelFacts, coordinator_bytes, evaluate, model_facts, mstep_s, price, replica_rows, shard_sums,
-                      worker_arrays)
-from .explain import grid_rationale, infeasible_message
+from .costing import coordinator_bytes, evaluate, mstep_s, price, replica_rows, shard_sums
+from .facts import ModelFacts, model_facts, worker_arrays
 from .heuristics import columns, run_all
 from .placement import Layout, candidate_layouts
 from .plan import BalancePlan
 from .program import make_instance, solve_program
+from .rationale import grid_rationale, infeasible_message
 from .resources import Resources
 from .scaling import Scale
 from .units import UnitTree, build_units
@@ -271,7 +272,7 @@ def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[
     if grid is not None:
         if not isinstance(grid, (tuple, list)) or len(grid) != 2:
             raise PlanError(f"grid must be a pair (D, M), got {grid!r}")
-        grids = [check_grid(facts, resources, n, grid[0], grid[1])]
+        grids = [check_grid(grid[0], grid[1], n_data=n, n_workers=resources.n_workers, n_leaves=facts.n_leaves)]
     else:
         grids = enumerate_grids(resources.n_workers, n, facts.n_leaves)
     bounds = Bounds(facts, resources, n, max(m for _, m in grids))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costing import ModelFacts
+from .facts import ModelFacts
 
 COST_FIELDS = ("flops", "param", "stat", "data", "work", "calls")
 

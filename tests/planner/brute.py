@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from emgrid.planner.costing import model_facts, price, replica_rows, shard_sums
+from emgrid.planner.costing import price, replica_rows, shard_sums
+from emgrid.planner.facts import model_facts
 from emgrid.planner.placement import candidate_layouts
 from emgrid.planner.solve import enumerate_grids
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from emgrid.models import HMM, Categorical, Composite, DiagGaussian, FullGaussian, Gaussian, Mixture, Poisson, Sequence
 from emgrid.planner import Network, Resources, SolverConfig, Worker
-from emgrid.planner.costing import WORKER_BASE_BYTES, evaluate, model_facts
+from emgrid.planner.costing import WORKER_BASE_BYTES, evaluate
+from emgrid.planner.facts import model_facts
 
 #: CP-SAT settings of every test: fixed seed, two search workers, short limit.
 SOLVER = SolverConfig(seed=0, num_workers=2, time_limit_s=20.0)

@@ -9,7 +9,8 @@ import pytest
 from ortools.sat.python import cp_model
 
 from emgrid.planner import constraints as C
-from emgrid.planner.costing import SYNC_WAIT_SHARE, model_facts, mstep_s, price, shard_sums
+from emgrid.planner.costing import SYNC_WAIT_SHARE, mstep_s, price, shard_sums
+from emgrid.planner.facts import model_facts
 from emgrid.planner.placement import make_layout
 from emgrid.planner.program import make_instance
 from emgrid.planner.scaling import Scale

@@ -7,7 +7,8 @@ import pytest
 
 from emgrid.models import Categorical, Mixture
 from emgrid.planner import InfeasiblePlanError, balance_plan, validate_plan
-from emgrid.planner.costing import coordinator_bytes, evaluate, model_facts
+from emgrid.planner.costing import coordinator_bytes, evaluate
+from emgrid.planner.facts import model_facts
 from tests.planner.helpers import probs, uniform, whole_model_memory
 
 

@@ -8,17 +8,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emgrid.models import Categorical, Composite, Gaussian, Mixture
-from emgrid.models.cost import coupling_bytes_per_row, owned_roots, split_nodes, tree_costs
-from emgrid.planner.costing import model_facts, model_fingerprint, replica_rows, shard_sums
+from emgrid.models.cost import tree_costs
+from emgrid.models.shard import coupling_bytes_per_row, shard_roots, spanning_nodes
+from emgrid.planner.costing import replica_rows, shard_sums
+from emgrid.planner.facts import model_facts, model_fingerprint
 from tests.planner.helpers import dg, fg, nest, probs
 from tests.strategies import models
 
 
 def _evaluated(model, shard_of_leaf, s):
-    split = split_nodes(model, shard_of_leaf)
+    split = spanning_nodes(model, shard_of_leaf)
     paths = {c.path for c in tree_costs(model)}
     out = set(split)
-    for root, shard in owned_roots(model, shard_of_leaf).items():
+    for root, shard in shard_roots(model, shard_of_leaf).items():
         if shard == s:
             out |= {p for p in paths if root == "" or p == root or p.startswith(root + ".")}
     return out
@@ -30,10 +32,10 @@ def test_shard_sums_follow_the_models_split_and_coupling_rules(model, m, rnd):
     m = min(m, facts.n_leaves)
     shard = {p: rnd.randrange(m) for p in facts.leaf_paths}
     sums = shard_sums(facts, [shard[p] for p in facts.leaf_paths], m)
-    assert {facts.paths[i] for i in np.flatnonzero(sums.split)} == split_nodes(model, shard)
+    assert {facts.paths[i] for i in np.flatnonzero(sums.split)} == spanning_nodes(model, shard)
     assert sums.coupling_bytes_per_row == pytest.approx(coupling_bytes_per_row(model, shard))
     costs = {c.path: c for c in tree_costs(model)}
-    split = split_nodes(model, shard)
+    split = spanning_nodes(model, shard)
 
     def work(p):  # a split node holds what it holds when split (no batched block)
         return costs[p].split_work_bytes_per_row if p in split else costs[p].work_bytes_per_row

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from emgrid.models import Composite, Gaussian, Mixture, Poisson, Sequence
 from emgrid.planner import InfeasiblePlanError, Network, Resources, Worker, balance_plan, validate_plan
-from emgrid.planner.costing import model_facts
+from emgrid.planner.facts import model_facts
 from tests.planner.brute import brute_force
 from tests.planner.helpers import SOLVER, dg, fg, probs, uniform, memory_share
 from tests.strategies import models

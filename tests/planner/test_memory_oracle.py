@@ -12,10 +12,11 @@ import numpy as np
 from hypothesis import given, note
 
 from emgrid.executors import coupling
-from emgrid.models.cost import owned_roots
 from emgrid.models.data import n_rows, take_rows
 from emgrid.models.engine import shard_down, shard_up
-from emgrid.planner.costing import COUPLING_COPIES, leaf_shard_array, model_facts, shard_sums
+from emgrid.models.shard import shard_roots
+from emgrid.planner.costing import COUPLING_COPIES, shard_sums
+from emgrid.planner.facts import leaf_shard_array, model_facts
 from tests import strategies as S
 from tests.models.test_costs import FIXED_BLOCK_BYTES
 
@@ -57,7 +58,7 @@ def test_a_model_parallel_block_holds_what_the_plan_predicts(split, seed):
     data = m.prepare(m.sample(n, np.random.default_rng(seed)))
     facts = model_facts(m)
     sums = shard_sums(facts, leaf_shard_array(facts, shard_of), 2)
-    roots = owned_roots(m, shard_of)
+    roots = shard_roots(m, shard_of)
     for s in (0, 1):
         predicted = (sums.work[s] + sums.scratch[s] + COUPLING_COPIES * sums.coupling_bytes_per_row) * n
         traced = traced_shard_block(m, data, roots, s)

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emgrid.planner import BalancePlan, Network, Resources, Worker, balance_plan, validate_plan
-from emgrid.planner.costing import model_facts, price, replica_rows, shard_sums
+from emgrid.planner.costing import price, replica_rows, shard_sums
+from emgrid.planner.facts import model_facts
 from emgrid.planner.heuristics import HEURISTICS, columns
 from emgrid.planner.placement import candidate_layouts
 from emgrid.planner.solve import enumerate_grids

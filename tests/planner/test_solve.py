@@ -11,7 +11,7 @@ from emgrid.models import Categorical, Composite, Gaussian, Mixture, Poisson, Se
 from emgrid.models.errors import EmgridError
 from emgrid.planner import (InfeasiblePlanError, PlanError, Resources, SolverConfig, balance_plan, plan_from_assignment,
                      validate_plan)
-from emgrid.planner.costing import model_facts
+from emgrid.planner.facts import model_facts
 from tests.planner.helpers import (FAST_NET, SOLVER, dg, fg, heavy_mixture, mixed, nest, probs, uniform,
                                    memory_share)
 
