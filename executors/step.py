@@ -92,11 +92,6 @@ class WorkerSpec:
         """Whether the shards of this replica exchange per block."""
         return not self.view.whole
 
-    @property
-    def first_shard(self) -> bool:
-        """Folds the spanning nodes' statistics and counts the log-likelihood."""
-        return self.shard == self.view.lead_shard
-
 
 def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
     """``layout[r][s]``: the spec of every worker of the plan's grid (computed once per fit)."""

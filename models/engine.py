@@ -129,51 +129,51 @@ def subtree_data(model: Node, data: Data, path: str) -> Data:
     return data
 
 
-def shard_block(model: Node, data: Data, w: np.ndarray, owned: Sequence[str],
+def shard_block(model: Node, data: Data, w: np.ndarray, roots: Sequence[str],
                 exchange: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-                first_shard: bool) -> tuple[dict, float]:
+                lead: bool) -> tuple[dict, float]:
     """One block of rows on one model shard: its statistics dict and its log-likelihood share.
 
-    ``owned`` are this shard's shard-root paths; ``exchange`` sends their per-row log
+    ``roots`` are this shard's shard-root paths; ``exchange`` sends their per-row log
     densities to the other shards of the replica and returns every shard root's. The
-    log-likelihood is returned by the first shard only, so a sum over workers counts
+    log-likelihood is returned by the lead shard only, so a sum over workers counts
     every row once.
     """
     out: dict = {}
-    if list(owned) == [""]:
+    if list(roots) == [""]:
         p = _Pass()
         ld = p.up(model, data, "")
         p.down(model, data, w, "", out)
         return out, float(w @ ld)
-    passes, mine = shard_up(model, data, owned)
-    return shard_down(model, data, w, owned, passes, exchange(mine), first_shard)
+    passes, mine = shard_up(model, data, roots)
+    return shard_down(model, data, w, roots, passes, exchange(mine), lead)
 
 
-def shard_up(model: Node, data: Data, owned: Sequence[str]) -> tuple[dict, dict[str, np.ndarray]]:
-    """First half of :func:`shard_block`: the upward pass of every subtree at ``owned``.
+def shard_up(model: Node, data: Data, roots: Sequence[str]) -> tuple[dict, dict[str, np.ndarray]]:
+    """First half of :func:`shard_block`: the upward pass of every subtree at ``roots``.
 
     Returns the passes' caches (for :func:`shard_down`) and the shard roots' per-row log
     densities, which are what this shard sends to the other shards of its replica.
     """
     passes, mine = {}, {}
-    for r in owned:
+    for r in roots:
         p = _Pass()
         mine[r] = p.up(model.node_at(r), subtree_data(model, data, r), r)
         passes[r] = p
     return passes, mine
 
 
-def shard_down(model: Node, data: Data, w: np.ndarray, owned: Sequence[str], passes: dict,
-               every: dict[str, np.ndarray], first_shard: bool) -> tuple[dict, float]:
+def shard_down(model: Node, data: Data, w: np.ndarray, roots: Sequence[str], passes: dict,
+               every: dict[str, np.ndarray], lead: bool) -> tuple[dict, float]:
     """Second half of :func:`shard_block`, given every shard root's log density of the replica."""
     out: dict = {}
     upper = _Pass(frontier=every)
     ld = upper.up(model, data, "")
     reached: dict = {}
-    upper.down(model, data, w, "", out, stop=frozenset(every), reached=reached, fold_upper=first_shard)
-    for r in owned:
+    upper.down(model, data, w, "", out, stop=frozenset(every), reached=reached, fold_upper=lead)
+    for r in roots:
         passes[r].down(model.node_at(r), subtree_data(model, data, r), reached[r], r, out)
-    return out, (float(w @ ld) if first_shard else 0.0)
+    return out, (float(w @ ld) if lead else 0.0)
 
 
 def e_step(model: Node, data: Data, w: np.ndarray | None = None, *, rows_per_block: int | None = None) -> tuple[Stats, float]:
@@ -204,3 +204,35 @@ def em_step(model: Node, data: Data, w: np.ndarray | None = None) -> tuple[Node,
     """One EM iteration on prepared data: ``(new model, log-likelihood of the old one)``."""
     stats, ll = e_step(model, data, w)
     return model.estimate(stats), ll
+
+
+def child_weights(model: Node, data: Data, at: str) -> tuple[np.ndarray, np.ndarray]:
+    """One block of prepared rows: the row weights the node at path ``at`` hands its children
+    in the downward pass, as a ``(K, m)`` array (``m``: the rows its children read, one per
+    position under a sequence), and the root's log density per row.
+
+    The upward pass runs over the whole tree (the weight reaching a nested node depends on
+    every sibling above it); the downward pass follows only the path to ``at`` and folds no
+    statistics, so each column of the result sums to the weight reaching ``at``.
+    """
+    p = _Pass()
+    ld = p.up(model, data, "")
+    node, d, path = model, data, ""
+    w = np.ones(n_rows(data))
+    for i in [int(part) for part in at.split(".")] if at else []:
+        child_lds, aux, _, _ = p.aux[path]
+        child_ws, _ = node._distribute(d, w, child_lds, p.ld[path], aux)
+        w, d, node, path = child_ws[i], node._child_data(d, i), node.children[i], child_path(path, i)
+    child_lds, aux, _, _ = p.aux[path]
+    child_ws, _ = node._distribute(d, w, child_lds, p.ld[path], aux)
+    return np.asarray(child_ws, dtype=np.float64), ld
+
+
+def children_log_density(node: Node, data: Data) -> np.ndarray:
+    """``(K, m)``: each child's log density of the rows it reads (``node``'s children share
+    one data column), through the children's batched kernel where they form one."""
+    cd = node._child_data(data, 0)
+    cls = batch_class(node)
+    if cls is not None:
+        return np.asarray(cls.batch_log_density(node.children, cd, cls.batch_prepare(node.children, cd), None))
+    return np.stack([_Pass().up(c, cd, str(i)) for i, c in enumerate(node.children)])

@@ -64,4 +64,4 @@ def test_a_model_parallel_block_holds_what_the_plan_predicts(split, seed):
         traced = traced_shard_block(m, data, roots, s)
         note(f"shard {s}: predicted {predicted:.0f} traced {traced}")
         assert traced <= 1.25 * predicted + FIXED_BLOCK_BYTES
-        assert traced >= 0.3 * predicted - FIXED_BLOCK_BYTES
+        assert traced >= 0.3 * predicted
