@@ -75,9 +75,13 @@ def _mpi_overhead(workers: int, iterations: int) -> float | None:
 def advise(cfg) -> str:
     from .session import build_data, build_model, build_resources
 
+    from emgrid.models import complete_shapes, initialize
+
     model = build_model(cfg)
     data = build_data(cfg, model)
     n = n_rows(data)
+    if model.is_template:  # its first start: what one iteration of the fit computes
+        model = initialize(complete_shapes(model, data), data, n, seed=cfg.fit.seed, init=cfg.fit.init)
     per_row = seconds_per_row(model, data)
     local = n * per_row
     workers = max(2, build_resources(cfg).n_workers)

@@ -2,10 +2,12 @@
 
 ```toml
 [model]              # spec = "model.json", or an inline spec table: [model.inline] family = ...
+                     # (a template, with parameters left out, is filled from the data)
 [data]               # paths = ["x.npz"] | path = "x.npy" | synthetic = 10000 (sampled from `truth`, default the model)
 [resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi"
 [executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2
-[fit]                # max_iter, tol, seed, checkpoint_every, output
+[fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
+                     # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
 [solver]             # time_limit_s, relative_gap, seed, num_workers
 ```
 """
@@ -96,7 +98,14 @@ class ExecutorSection(_Strict):
 class FitSection(_Strict):
     max_iter: int = Field(default=100, ge=1)
     tol: float = Field(default=1e-6, ge=0)
-    seed: int = 0
+    #: a template's starts: how many, their seed, how they are seeded, EM iterations each
+    n_init: int = Field(default=1, ge=1)
+    seed: int = Field(default=0, ge=0)
+    init: Literal["auto", "kmeans", "random"] = "auto"
+    init_iter: int = Field(default=10, ge=1)
+    #: M-step regularization (``models.regularize``); 0 keeps the floors alone
+    reg_covar: float = Field(default=0.0, ge=0)
+    pseudo_count: float = Field(default=0.0, ge=0)
     checkpoint_every: int = Field(default=0, ge=0)
     output: str = "emgrid-out"
 

@@ -12,7 +12,11 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
+
+from .predict import add_parser as add_predict_parser
+from .predict import cmd_predict, fit_summary
 
 EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 
@@ -47,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--rows", type=int, default=20000)
     sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi"], default="local")
     sp.add_argument("--quiet", action="store_true")
+    add_predict_parser(sub)
     return p
 
 
@@ -83,11 +88,11 @@ def _plan(cfg, model, n):
 
 def cmd_plan(args) -> int:
     from .report import plan_table
-    from .session import build_model
+    from .session import build_model, shaped_model
 
     cfg = _config(args)
-    model = build_model(cfg)
-    plan = _plan(cfg, model, _n_data(cfg, model))
+    model, n = shaped_model(cfg, build_model(cfg))
+    plan = _plan(cfg, model, n)
     if args.json:
         print(plan.to_json(indent=1))
     else:
@@ -97,13 +102,6 @@ def cmd_plan(args) -> int:
 
         draw_plan(plan, args.picture)
     return EXIT_OK
-
-
-def _n_data(cfg, model) -> int:
-    """Rows the run will fit, without sampling synthetic data."""
-    from .session import build_data
-
-    return cfg.data.synthetic if cfg.data.synthetic is not None else _n_rows(build_data(cfg, model))
 
 
 def _n_rows(data):
@@ -117,6 +115,8 @@ def _under_mpiexec() -> bool:
 
 
 def cmd_fit(args) -> int:
+    from emgrid.models import complete_shapes
+
     from .launch import RankRecord
     from .session import build_data, build_model
 
@@ -128,6 +128,7 @@ def cmd_fit(args) -> int:
         record.started()
     model = build_model(cfg)
     data = build_data(cfg, model)
+    model = complete_shapes(model, data)  # a template's sizes from the data, before planning
     plan = _plan(cfg, model, _n_rows(data))
     return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record)
 
@@ -140,10 +141,10 @@ def _launch_mpi(args, cfg) -> int:
     naming the rank, the iteration and the checkpoint (see ``emgrid.cli.launch``).
     """
     from .launch import launch
-    from .session import build_model
+    from .session import build_model, shaped_model
 
-    model = build_model(cfg)
-    plan = _plan(cfg, model, _n_data(cfg, model))
+    model, n = shaped_model(cfg, build_model(cfg))
+    plan = _plan(cfg, model, n)
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
            "emgrid.cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
@@ -162,7 +163,7 @@ def _rank() -> int:
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -> int:
     from emgrid.executors import get as get_executor
     from emgrid.executors import optimize
-    from emgrid.models.errors import FitError
+    from emgrid.models.errors import ConvergenceWarning, FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
     from .progress import Progress
@@ -199,10 +200,17 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     try:
         if remaining > 0:
             limit = {} if cfg.executor.timeout_s is None else {"timeout_s": cfg.executor.timeout_s}
-            result = optimize(data, model, plan=plan, executor=get_executor(cfg.executor.kind, **limit),
-                              max_iter=remaining, tol=cfg.fit.tol, callback=callback)
+            f = cfg.fit
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConvergenceWarning)
+                result = optimize(data, model, plan=plan, executor=get_executor(cfg.executor.kind, **limit),
+                                  max_iter=remaining, tol=f.tol, callback=callback, n_init=f.n_init, seed=f.seed,
+                                  init=f.init, init_iter=f.init_iter, reg_covar=f.reg_covar,
+                                  pseudo_count=f.pseudo_count)
+            fit_warnings = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
+                            and not str(w.message).startswith("not converged")]  # the note below says it
         else:
-            result = None
+            result, fit_warnings = None, []
     except KeyboardInterrupt:
         progress.close()
         if lead and state["trace"]:
@@ -223,6 +231,8 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     progress.close()
     if not lead:
         return EXIT_OK
+    for line in fit_warnings:
+        print(f"emgrid: warning: {line}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     fitted = result.model if result is not None else model
     full_trace = list(trace) + (list(result.log_likelihood) if result is not None else [])
@@ -237,11 +247,15 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
         "bytes_moved": result.bytes_moved if result is not None else [],
         "wall_s": time.perf_counter() - t0,
     }
+    if result is not None and result.init_log_likelihoods:
+        report["init"] = {"log_likelihoods": result.init_log_likelihoods, "best": result.init_best,
+                          "seconds": result.init_s, "seeding_seconds": result.init_seeding_s}
     (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
     if cfg.fit.checkpoint_every:
         write_checkpoint(out, len(full_trace), fitted, full_trace)
     if not quiet:
         print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
+    print(fit_summary(fitted, _n_rows(data), len(full_trace), converged, full_trace[-1] if full_trace else None))
     if not converged:
         print(f"note: not converged within max_iter={cfg.fit.max_iter} (tol={cfg.fit.tol}); "
               f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
@@ -293,7 +307,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from emgrid.models.errors import EmgridError, FitError
 
-    handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise}
+    handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise, "predict": cmd_predict}
     record = None
     if args.command == "fit" and _under_mpiexec():
         from .launch import RankRecord

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emgrid.models import Node, concat_rows, from_spec, load_model
+from emgrid.models import Node, complete_shapes, concat_rows, from_spec, load_model
 from emgrid.models.data import unflatten
 from emgrid.models.errors import ConfigError, DataError
 
@@ -42,6 +42,12 @@ def build_data(cfg: RunConfig, model: Node):
             truth = load_model(cfg.resolve(d.truth))
         elif isinstance(d.truth, dict):
             truth = from_spec(d.truth)
+        if truth.is_template:
+            path, name = truth.unset_fields()[0]
+            raise ConfigError(f"[data] synthetic = {d.synthetic} samples from a complete model, but "
+                              f"{'the truth' if d.truth is not None else 'the model'} is a template "
+                              f"({truth.node_at(path).family}.{name} at path {path or '<root>'!r} is unset); "
+                              f"give [data] truth = a complete spec (file or inline table)")
         if truth.data_type() != model.data_type():
             raise ConfigError(f"[data] truth reads {truth.data_type()} but the model reads {model.data_type()}")
         raw = truth.sample(d.synthetic, np.random.default_rng(d.seed))
@@ -55,6 +61,19 @@ def build_data(cfg: RunConfig, model: Node):
         return model.prepare(raw)
     except DataError as e:
         raise DataError(f"[data] {e}") from None
+
+
+def shaped_model(cfg: RunConfig, model: Node) -> tuple[Node, int]:
+    """The model with the sizes the data decide filled in (``models.complete_shapes``) and
+    the rows the run fits; the data are read (or sampled) only when a size needs them."""
+    from emgrid.models.init import data_shapes_unset
+
+    if cfg.data.synthetic is not None and not data_shapes_unset(model):
+        return model, cfg.data.synthetic
+    data = build_data(cfg, model)
+    from emgrid.models import n_rows
+
+    return complete_shapes(model, data), n_rows(data)
 
 
 def build_resources(cfg: RunConfig):

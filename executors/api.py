@@ -1,9 +1,16 @@
-"""``optimize``: plan when needed, check the plan, and run EM on the chosen executor."""
+"""``optimize``: complete a template's shapes, plan when needed, check the plan, start from
+the data (a template) or the given model, and run EM on the chosen executor."""
 
 from __future__ import annotations
 
+import warnings
+from time import perf_counter
+
 from emgrid.models import Node, n_rows
-from emgrid.models.errors import ConfigError
+from emgrid.models.diagnose import fit_warnings
+from emgrid.models.errors import ConfigError, ConvergenceWarning
+from emgrid.models.init import INIT_METHODS, check_init, complete_shapes, initialize
+from emgrid.models.regularize import Regularization
 from emgrid.planner.check import check_plan_structure
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
@@ -16,12 +23,30 @@ from .result import FitResult
 
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
+#: EM iterations that refine each start of a template before the best one continues.
+DEFAULT_INIT_ITER = 10
+
+
+def _check_count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
 
 
 def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: Resources | None = None,
              executor: str | Executor = "local", max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
-             callback: Callback | None = None) -> FitResult:
-    """Fits ``model`` (the starting point) to ``data`` by EM on a ``D x M`` grid of workers.
+             callback: Callback | None = None, n_init: int = 1, seed: int = 0, init: str = "auto",
+             init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0) -> FitResult:
+    """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
+
+    - ``model``: a complete model is the starting point (a warm start). A template (some
+      parameter unset, see ``Node.is_template``) is completed from the data: its shapes
+      first (``models.complete_shapes``, before planning), then ``n_init`` starts, each
+      seeded from ``(seed, start)`` on a bounded sample of rows (``models.initialize``;
+      ``init`` = ``"auto"``, ``"kmeans"`` or ``"random"``) and refined by ``init_iter`` EM
+      iterations on the same executor and plan; the start with the highest
+      log-likelihood continues for ``max_iter`` iterations (``FitResult.init_log_likelihoods``
+      reports every start).
 
     - ``data``: anything ``model.prepare`` accepts, or an :class:`NpyDataset` on disk (then
       every worker maps only its own rows).
@@ -32,7 +57,13 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     - ``executor``: ``"local"``, ``"multiprocessing"``, ``"mpi"`` or an executor instance.
       Under ``mpiexec`` every rank calls ``optimize`` with the same arguments.
     - Stops when ``|ll_t - ll_{t-1}| <= tol * |ll_t|`` or after ``max_iter`` iterations;
-      ``callback(iteration, log_likelihood, result_so_far)`` runs after each iteration.
+      ``callback(iteration, log_likelihood, result_so_far)`` runs after each iteration of
+      the final run (not the refinement of the starts).
+    - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
+      ``pseudo_count`` (added to every count behind a probability) regularize each M-step
+      (``models.regularize``); 0, the default, leaves the fit as the floors make it.
+    - Warns (``models.errors.ConvergenceWarning``) when ``max_iter`` ends the fit unconverged
+      (with ``tol > 0``) and for each collapsed component or variance at its floor (``models.diagnose``).
     """
     ex = get(executor) if isinstance(executor, str) else executor
     if not isinstance(ex, Executor):
@@ -43,15 +74,51 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         raise ConfigError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
         raise ConfigError(f"tol must be a number >= 0, got {tol!r}")
+    _check_count(n_init, "n_init", 1)
+    _check_count(seed, "seed", 0)
+    _check_count(init_iter, "init_iter", 1)
+    if init not in INIT_METHODS:
+        raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
+    reg = Regularization(reg_covar=reg_covar, pseudo_count=pseudo_count)
+    reg = reg if reg.active else None
     if isinstance(data, NpyDataset):
         prepared, n = data, data.n_rows
     else:
         prepared = model.prepare(data)
         n = n_rows(prepared)
+    opened = None
+    if model.is_template:  # a complete model's rows are opened by its workers only
+        opened = prepared.open() if isinstance(prepared, NpyDataset) else prepared
+        model = complete_shapes(model, opened)
+    check_init(model, init)
     if plan is None:
         plan = ex.make_plan(model, resources if resources is not None else ex.default_resources(), n)
     elif resources is not None:
         validate_plan(plan, model, resources, n)
     check_plan_structure(plan, model, n, strict=False)
     ex.check_plan(plan)
-    return ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback))
+    starts: tuple[Node, ...] = ()
+    t0 = perf_counter()
+    if model.is_template:  # every rank seeds alike; the coordinator's starts run
+        starts = tuple(initialize(model, opened, n, seed=seed, start=s, init=init) for s in range(n_init))
+        model = starts[0]
+    seeding_s = perf_counter() - t0
+    result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
+                           regularization=reg, starts=starts, start_iter=init_iter))
+    if starts:
+        result.init_seeding_s = seeding_s
+        result.init_s += seeding_s
+    warn_about(result, max_iter, tol)
+    return result
+
+
+def warn_about(result: FitResult, max_iter: int, tol: float) -> None:
+    """Emits a ConvergenceWarning per finding of a finished fit (one line each); ``tol=0``
+    asks for exactly ``max_iter`` iterations, so it ends no fit unconverged."""
+    if not result.converged and tol > 0:
+        trace = result.log_likelihood
+        change = f"; the last change was {abs(trace[-1] - trace[-2]):.3g}" if len(trace) > 1 else ""
+        warnings.warn(f"not converged after max_iter={max_iter} iterations (tol={tol:g}{change}); raise max_iter",
+                      ConvergenceWarning, stacklevel=3)
+    for line in fit_warnings(result.model):
+        warnings.warn(line, ConvergenceWarning, stacklevel=3)

@@ -4,7 +4,8 @@ Per iteration: broadcast the model (each shard's workers get their part of it), 
 grid's E-step (compute and coupling on the workers, reduce to the coordinator), stop on
 non-finite statistics, run the M-step once, record the phase times and bytes, check
 convergence, call the callback. A transport implements :class:`Grid`: how the model
-reaches the workers and how their shares come back.
+reaches the workers and how their shares come back. A job with several starting models
+(a template's ``n_init`` starts) runs them all on the one grid, its workers started once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol
 
 from emgrid.models import Node, Stats
 from emgrid.models.errors import FitError
+from emgrid.models.regularize import regularize
 
 from .protocol import FitJob
 from .result import FitResult
@@ -66,22 +68,40 @@ def critical_path(shares, wall_s: float) -> dict[str, float]:
 
 
 def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
-    """EM from ``job.model`` until converged or ``job.max_iter`` iterations."""
-    model = job.model
+    """EM from ``job.model`` until converged or ``job.max_iter`` iterations; with
+    ``job.starts``, each start first runs ``job.start_iter`` iterations and the one with the
+    highest log-likelihood continues (the others reported in ``init_log_likelihoods``)."""
+    if not job.starts:
+        return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0)
+    t0 = perf_counter()
+    refined, done = [], 0
+    for start in job.starts:
+        refined.append(_em(grid, job, start, job.start_iter, None, executor, done))
+        done += refined[-1].iterations
+    lls = [r.log_likelihood[-1] for r in refined]
+    best = max(range(len(lls)), key=lls.__getitem__)
+    refine_s = perf_counter() - t0
+    result = _em(grid, job, refined[best].model, job.max_iter, job.callback, executor, done)
+    result.init_log_likelihoods, result.init_best, result.init_s = lls, best, refine_s
+    return result
+
+
+def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int) -> FitResult:
+    """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``."""
     result = FitResult(model=model, plan=job.plan, executor=executor)
     layout = grid.layout
     previous: float | None = None
-    for it in range(1, job.max_iter + 1):
+    for it in range(1, max_iter + 1):
         t_start = perf_counter()
         payloads = shard_payloads(model, layout)
         grid.broadcast(model, payloads)
         broadcast_bytes = len(layout) * sum(len(p) for p in payloads)
         del payloads  # not held through the E-step
         t_bcast = perf_counter()
-        out = grid.e_step(it)
+        out = grid.e_step(offset + it)
         check_finite(model, out, it)
         t_m = perf_counter()
-        new_model = model.estimate(out.stats)
+        new_model = model.estimate(regularize(model, out.stats, job.regularization))
         t_end = perf_counter()
         result.timings.append({
             "broadcast": t_bcast - t_start + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,
@@ -99,8 +119,8 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
         result.iterations = it
         result.model = model = new_model
         result.converged = previous is not None and abs(ll - previous) <= job.tol * abs(ll)
-        if job.callback is not None:
-            job.callback(it, ll, result)
+        if callback is not None:
+            callback(it, ll, result)
         if result.converged:
             break
         previous = ll

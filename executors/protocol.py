@@ -8,6 +8,7 @@ from typing import ClassVar, Protocol, Union, runtime_checkable
 
 from emgrid.models import Node, take_rows
 from emgrid.models.data import Data
+from emgrid.models.regularize import Regularization
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
 
@@ -28,6 +29,12 @@ class FitJob:
     max_iter: int
     tol: float
     callback: Callback | None = None
+    #: pseudo-statistics added before each M-step (``models.regularize``); None: none
+    regularization: Regularization | None = None
+    #: starting models of one structure (``model`` is the first): each runs ``start_iter``
+    #: iterations, then the best continues for ``max_iter`` (``executors.loop.run_em``)
+    starts: tuple[Node, ...] = ()
+    start_iter: int = 0
 
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""

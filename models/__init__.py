@@ -6,10 +6,12 @@ from .composite import Composite
 from .cost import NodeCost, PlacedCost, tree_costs
 from .data import Ragged, concat_rows, n_rows, take_index, take_rows
 from .engine import e_step, em_step
-from .errors import DataError, EmgridError, ModelError, SpecError
+from .diagnose import fit_warnings
+from .errors import ConvergenceWarning, DataError, EmgridError, ModelError, SpecError
 from .exponential import Exponential
 from .gaussian import DiagGaussian, FullGaussian, Gaussian
 from .hmm import HMM
+from .init import complete_shapes, initialize
 from .mixture import Mixture
 from .poisson import Poisson
 from .sequence import Sequence
@@ -23,4 +25,5 @@ __all__ = [
     "NodeCost", "PlacedCost", "tree_costs", "coupling_bytes_per_row", "shard_roots", "spanning_nodes", "ShardView",
     "Stats", "e_step", "em_step", "from_spec", "load_model", "save_model", "n_rows", "take_rows",
     "take_index", "concat_rows", "DataError", "ModelError", "SpecError", "EmgridError",
+    "complete_shapes", "initialize", "fit_warnings", "ConvergenceWarning",
 ]

@@ -13,12 +13,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import engine
+from . import engine, inference
+from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
-from .schema import Children, Field, Param, spec_field, spec_list
+from .schema import Children, Field, Param, Size, spec_field, spec_list, spec_repeat
 from .stats import OwnStats, Stats
+from .template import Templated
 from .tree import batch_class, child_path
 
 __all__ = ["FAMILIES", "Node", "Leaf", "Internal", "from_spec", "child_path", "batch_class", "float_column",
@@ -28,7 +30,7 @@ __all__ = ["FAMILIES", "Node", "Leaf", "Internal", "from_spec", "child_path", "b
 FAMILIES: dict[str, type["Node"]] = {}
 
 
-class Node:
+class Node(Templated):
     """A node of a model tree.
 
     A family subclasses :class:`Leaf` or :class:`Internal`, sets ``family`` and ``schema``,
@@ -50,8 +52,12 @@ class Node:
     ============================================  ================================  =================================
 
     The fields, their checks, ``params``, ``to_spec``, ``from_spec`` and ``n_parameters`` come
-    from ``schema`` (see ``models.schema``). A family whose data is ragged (``reads_ragged``)
-    has a ``mean_length`` and takes ``cost(length=...)`` for the mean length its data has.
+    from ``schema`` (see ``models.schema``). A parameter given as ``None`` is unset and the
+    node a *template* (``is_template``, ``unset_fields``): it plans, prepares data and
+    round-trips through specs, but ``log_density``, ``accumulate``, ``estimate`` and
+    ``sample`` raise a ModelError naming the unset field until ``models.init`` fills it.
+    A family whose data is ragged (``reads_ragged``) has a ``mean_length`` and takes
+    ``cost(length=...)`` for the mean length its data has.
     """
 
     family: ClassVar[str] = ""
@@ -66,7 +72,12 @@ class Node:
     #: its data is a ``Ragged`` of its children's rows, ``mean_length`` of them per row on
     #: average (a sequence, an HMM)
     reads_ragged: ClassVar[bool] = False
+    #: spec shorthand for many copies of one child template: ``(count key, child key)``,
+    #: e.g. ``("k", "component")`` for ``{"family": "Mixture", "k": 8, "component": {...}}``
+    repeat: ClassVar[tuple[str, str] | None] = None
     children: tuple["Node", ...] = ()
+    _sizes: dict = {}
+    _unset: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -76,19 +87,36 @@ class Node:
 
     def _init_fields(self, **values) -> dict[str, np.ndarray]:
         """Checks ``values`` against ``schema`` in its order and sets them: each parameter as
-        a read-only float64 array attribute of its name, the children as ``children``.
-        Returns the checks' by-products by field name (the Cholesky factor of a covariance)."""
-        fields: dict[str, np.ndarray] = {}
+        a read-only float64 array attribute of its name (None when unset), the children as
+        ``children``, the :class:`Size` fields in ``_sizes``. Returns the checks' by-products
+        by field name (the Cholesky factor of a covariance)."""
+        fields: dict[str, np.ndarray | None] = {}
         extras: dict[str, np.ndarray] = {}
+        sizes = {f.name: f.check(values.get(f.name), self.family) for f in self.schema if isinstance(f, Size)}
+        unset = []
         for f in self.schema:
             if isinstance(f, Children):
                 self.children = f.check(values[f.name], self.family, Node)
                 continue
-            arr, extra = f.check(values[f.name], self.family, fields, len(self.children))
+            if isinstance(f, Size):
+                continue
+            value = values.get(f.name)
+            if value is None:
+                fields[f.name] = None
+                setattr(self, f.name, None)
+                unset.append(f.name)
+                continue
+            arr, extra = f.check(value, self.family, fields, len(self.children), sizes)
             fields[f.name] = arr
             setattr(self, f.name, arr)
             if extra is not None:
                 extras[f.name] = extra
+        for f in self.schema:
+            if isinstance(f, Size) and sizes[f.name] is None and not f.from_data:
+                raise ModelError(f"{self.family} template needs {f.name}=<int> (the size of its data), "
+                                 f"since {f.of} is unset; got {f.name}=None")
+        self._sizes = sizes
+        self._unset = tuple(unset)
         return extras
 
     # ---------------------------------------------------------------- tree structure
@@ -159,15 +187,19 @@ class Node:
     # ---------------------------------------------------------------- public contract
     def log_density(self, data) -> np.ndarray:
         """Log density of every row, shape ``(n_rows,)``."""
+        self.require_complete("compute the log density of")
         return engine.log_density(self, self.prepare(data))
 
     def accumulate(self, data, weights=None) -> Stats:
         """Additive sufficient statistics of (weighted) rows, keyed by node path."""
+        self.require_complete("accumulate statistics of")
         data = self.prepare(data)
         return engine.accumulate(self, data, self.prepare_weights(weights, n_rows(data)))
 
     def estimate(self, stats: Stats, path: str = "") -> "Node":
         """The M-step: a new node fitted to ``stats`` (as returned by ``accumulate``)."""
+        if not path:
+            self.require_complete("estimate")
         new_children = tuple(c.estimate(stats, child_path(path, i)) for i, c in enumerate(self.children))
         if not self.has_own_stats:
             return self._estimate((), new_children)
@@ -177,11 +209,16 @@ class Node:
             raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({self.family})") from None
         return self._estimate(own, new_children)
 
-    def sample(self, n: int, rng: np.random.Generator | int | None = None) -> Data:
-        """``n`` rows drawn from the model, in the canonical encoding."""
+    def sample(self, n: int, rng: np.random.Generator | int | None = None, *, latent: bool = False):
+        """``n`` rows drawn from the model, in the canonical encoding; with ``latent``,
+        ``(rows, labels)``: the same rows and, by path of every Mixture and HMM, the child
+        that generated each row (``models.latent``)."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ModelError(f"sample n must be an integer >= 0, got {n!r}")
+        self.require_complete("sample from", density=False)
         rng = np.random.default_rng(rng)
+        if latent:
+            return latent_labels.sample_latent(self, int(n), rng)
         return self._sample(int(n), rng)
 
     def cost(self) -> NodeCost:
@@ -189,39 +226,80 @@ class Node:
         raise NotImplementedError
 
     def params(self) -> dict[str, np.ndarray]:
-        """The node's own parameters as arrays, in schema order (their nbytes are ``param_bytes``)."""
-        return {f.name: getattr(self, f.name) for f in self.schema if isinstance(f, Param)}
+        """The node's own parameters as arrays, in schema order (their nbytes are ``param_bytes``).
+
+        An unset parameter of a template is a read-only NaN array of the shape the schema
+        gives it (what the planner's fingerprint and byte counts read)."""
+        fields = {f.name: getattr(self, f.name) for f in self.schema if isinstance(f, Param)}
+        out = {}
+        for f in self.schema:
+            if not isinstance(f, Param):
+                continue
+            value = fields[f.name]
+            if value is None:
+                shape = f.shape_from(fields, len(self.children), self._sizes)
+                if shape is None:
+                    size = next((s.name for s in self.schema if isinstance(s, Size) and self._sizes.get(s.name) is None),
+                                f.name)
+                    raise ModelError(f"{self.family}.{size} is unset, so {f.name}'s shape is unknown; "
+                                     f"models.complete_shapes(model, data) takes it from the data")
+                value = np.broadcast_to(np.float64(np.nan), shape)
+            out[f.name] = value
+        return out
 
     def own_n_parameters(self) -> int:
         """Free parameters of this node's own density (children excluded)."""
-        return sum(f.n_free(getattr(self, f.name)) for f in self.schema if isinstance(f, Param))
+        values = self.params()
+        return sum(f.n_free(values[f.name]) for f in self.schema if isinstance(f, Param))
 
     def n_parameters(self) -> int:
         """Free parameters of the whole tree (what BIC and AIC count)."""
         return sum(node.own_n_parameters() for _, node in self.nodes())
 
     def to_spec(self) -> dict:
-        """A JSON-ready dict: ``{"family": ..., <fields in schema order>...}``."""
+        """A JSON-ready dict: ``{"family": ..., <fields in schema order>...}``.
+
+        A template leaves its unset parameters out and states the sizes they would have
+        (``dim``); a template whose children are copies of one template uses the
+        ``repeat`` shorthand. A complete model's spec holds every parameter and no size."""
         out: dict = {"family": self.family}
         for f in self.schema:
             if isinstance(f, Children):
-                out[f.name] = [c.to_spec() for c in self.children] if f.many else self.children[0].to_spec()
-            else:
+                specs = [c.to_spec() for c in self.children]
+                if f.many and self._repeats(specs):
+                    out[self.repeat[0]] = len(specs)
+                    out[self.repeat[1]] = specs[0]
+                else:
+                    out[f.name] = specs if f.many else specs[0]
+            elif isinstance(f, Size):
+                if getattr(self, f.of) is None and self._sizes.get(f.name) is not None:
+                    out[f.name] = self._sizes[f.name]
+            elif getattr(self, f.name) is not None:
                 out[f.name] = f.to_json(getattr(self, f.name))
         return out
 
+    def _repeats(self, specs: list[dict]) -> bool:
+        """Whether ``specs`` are copies of one template spec (written as the shorthand)."""
+        return (self.repeat is not None and len(specs) > 1 and self.children[0].is_template
+                and all(s == specs[0] for s in specs[1:]))
+
     @classmethod
     def _from_spec(cls, spec: dict) -> "Node":
-        """The node a spec describes (its fields checked against ``schema`` by ``from_spec``)."""
+        """The node a spec describes (its fields checked against ``schema`` by ``from_spec``);
+        an omitted parameter is unset unless the schema gives a default."""
         values = {}
         for f in cls.schema:
             if isinstance(f, Children):
-                values[f.name] = ([from_spec(c) for c in spec_list(spec, f.name, cls.family)] if f.many
-                                  else from_spec(spec_field(spec, f.name, cls.family)))
-            elif f.default is not None:
-                values[f.name] = spec.get(f.name, f.default)
+                if f.many and cls.repeat is not None and (cls.repeat[0] in spec or cls.repeat[1] in spec):
+                    if f.name in spec:
+                        raise SpecError(f"{cls.family} spec gives both {f.name!r} and the shorthand "
+                                        f"{cls.repeat[0]!r}/{cls.repeat[1]!r}; give one")
+                    values[f.name] = [from_spec(c) for c in spec_repeat(spec, *cls.repeat, cls.family)]
+                else:
+                    values[f.name] = ([from_spec(c) for c in spec_list(spec, f.name, cls.family)] if f.many
+                                      else from_spec(spec_field(spec, f.name, cls.family)))
             else:
-                values[f.name] = spec_field(spec, f.name, cls.family)
+                values[f.name] = spec.get(f.name, getattr(f, "default", None))
         return cls(**values)
 
     @staticmethod
@@ -235,7 +313,13 @@ class Node:
         return f"{self.family}(...)" if self.children else f"{self.family}({self._param_repr()})"
 
     def _param_repr(self) -> str:
-        return ", ".join(f"{k}={np.array2string(np.asarray(v), precision=3, threshold=6)}" for k, v in self.params().items())
+        parts = [f"{k}={self._sizes[k]}" for k in self._sizes if self._sizes[k] is not None and self._unset]
+        for f in self.schema:
+            if isinstance(f, Param):
+                v = getattr(self, f.name)
+                parts.append(f"{f.name}=unset" if v is None
+                             else f"{f.name}={np.array2string(np.asarray(v), precision=3, threshold=6)}")
+        return ", ".join(parts)
 
     def describe(self) -> str:
         """A short human name used in plans and errors, e.g. ``FullGaussian d=400``."""
@@ -251,6 +335,44 @@ class Node:
         children already fitted."""
         raise NotImplementedError
 
+    # ---------------------------------------------------------------- answers (models.inference)
+    # Shapes: one entry per row the children of the node at ``at`` read, in a ``Ragged`` per
+    # sequence on the way (see ``models.inference``).
+    def score_samples(self, data) -> np.ndarray:
+        """Log-likelihood of every row, ``(n,)``."""
+        return inference.score_samples(self, data)
+
+    def predict_proba(self, data, at: str = "") -> Data:
+        """The row weights the Mixture or HMM at ``at`` hands its children, ``(rows, K)``."""
+        return inference.predict_proba(self, data, at)
+
+    def predict(self, data, at: str = "") -> Data:
+        """The most probable child of the Mixture or HMM at ``at`` per row (int64)."""
+        return inference.predict(self, data, at)
+
+    def posterior_states(self, data, at: str = "") -> Data:
+        """The HMM at ``at``: state probabilities per position, a ``Ragged`` of ``(positions, K)``."""
+        return inference.posterior_states(self, data, at)
+
+    def viterbi(self, data, at: str = "") -> Data:
+        """The HMM at ``at``: the most probable state path per sequence, a ``Ragged`` of int64."""
+        return inference.viterbi(self, data, at)
+
+    def bic(self, data) -> float:
+        """Bayesian information criterion, ``-2 log L + n_parameters() log n`` (lower is better)."""
+        return inference.bic(self, data)
+
+    def aic(self, data) -> float:
+        """Akaike information criterion, ``-2 log L + 2 n_parameters()`` (lower is better)."""
+        return inference.aic(self, data)
+
+    def _draw_labels(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+        """A node that chooses among its children (``shares_child_data``): the child that
+        generates each row its children read, and the offsets of the sequences when those
+        rows are positions (else None); what its ``_sample`` draws first."""
+        raise NotImplementedError
+    # ---------------------------------------------------------------- end of answers
+
 
 def from_spec(spec) -> Node:
     """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError."""
@@ -264,7 +386,7 @@ def from_spec(spec) -> Node:
     cls = FAMILIES.get(family)
     if cls is None:
         raise SpecError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}")
-    unknown = sorted(set(spec) - {"family", *cls.spec_fields})
+    unknown = sorted(set(spec) - {"family", *cls.spec_fields, *(cls.repeat or ())})
     if unknown:
         raise SpecError(f"{family} spec has unknown field(s) {unknown}; allowed: {list(cls.spec_fields)}")
     return cls._from_spec(spec)

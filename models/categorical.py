@@ -6,9 +6,9 @@ import numpy as np
 
 from .base import Leaf, int_column
 from .cost import NodeCost, stat_bytes
-from .errors import DataError
+from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, PROB_FLOOR
-from .schema import SIMPLEX, Param
+from .schema import SIMPLEX, Param, Size
 from .units import SLOW_FLOPS
 
 
@@ -37,25 +37,32 @@ def _lookup(logp: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 class Categorical(Leaf):
     family = "Categorical"
-    schema = (Param("probs", 1, SIMPLEX),)
+    schema = (Size("n_values", of="probs", from_data=True), Param("probs", 1, SIMPLEX, shape=("n_values",)))
 
-    def __init__(self, probs):
-        self._init_fields(probs=probs)
-        with np.errstate(divide="ignore"):
-            self._logp = np.log(self.probs)
+    def __init__(self, probs=None, *, n_values: int | None = None):
+        """``Categorical(probs)``, or a template: ``Categorical(n_values=V)``, or
+        ``Categorical()`` whose ``V`` is the largest value of its data column plus one."""
+        self._init_fields(probs=probs, n_values=n_values)
+        if self.probs is not None:
+            with np.errstate(divide="ignore"):
+                self._logp = np.log(self.probs)
 
     @property
-    def n_values(self):
-        return self.probs.size
+    def n_values(self) -> int | None:
+        return self._sizes["n_values"]
 
     def describe(self):
-        return f"Categorical V={self.n_values}"
+        return f"Categorical V={self.n_values if self.n_values is not None else '?'}"
 
     def data_type(self):
         return "int"
 
     def _prepare(self, data, where):
         x = int_column(data, where, self.family)
+        if self.n_values is None:
+            if x.size and x.min() < 0:
+                raise DataError(f"{where}: Categorical values must be >= 0, got {int(x.min())}")
+            return x
         if x.size and (x.min() < 0 or x.max() >= self.n_values):
             bad = x[(x < 0) | (x >= self.n_values)][0]
             raise DataError(f"{where}: Categorical value {int(bad)} is outside its support 0..{self.n_values - 1}")
@@ -91,6 +98,8 @@ class Categorical(Leaf):
 
     def cost(self):
         v = self.n_values
+        if v is None:
+            raise ModelError("Categorical.n_values is unset; models.complete_shapes(model, data) takes it from the data")
         # log density: support check (min, max) and a gather; counts: the check and a bincount
         flops = 4 + 2 * SLOW_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),

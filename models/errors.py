@@ -37,3 +37,8 @@ class ConfigError(EmgridError):
 
 class FitError(RuntimeError):
     """A fit stopped: a worker died or the statistics became non-finite."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit ended in a state worth a look: ``max_iter`` reached unconverged, a component
+    whose weight collapsed, a variance held at its floor. The message names the node path."""

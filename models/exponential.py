@@ -23,7 +23,7 @@ class Exponential(Leaf):
     family = "Exponential"
     schema = (Param("rate", 0, POSITIVE),)
 
-    def __init__(self, rate):
+    def __init__(self, rate: float | None = None):
         self._init_fields(rate=rate)
 
     def data_type(self):

@@ -32,7 +32,7 @@ from .errors import DataError
 from .floors import MIN_WEIGHT, VAR_FLOOR
 from .kernels import (centered, centered_t, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
                       stacked, weighted_sums, weighted_sums_t)
-from .schema import POSITIVE, SPD, Param
+from .schema import POSITIVE, SPD, Param, Size
 from .units import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
 
 LOG_2PI = float(np.log(2 * np.pi))
@@ -78,7 +78,7 @@ class Gaussian(Leaf):
     family = "Gaussian"
     schema = (Param("mean", 0), Param("var", 0, POSITIVE))
 
-    def __init__(self, mean: float, var: float):
+    def __init__(self, mean: float | None = None, var: float | None = None):
         self._init_fields(mean=mean, var=var)
 
     def data_type(self):
@@ -150,15 +150,15 @@ class DiagGaussian(Leaf):
     """A d-dimensional normal with diagonal covariance; data is ``(n, d)`` floats."""
 
     family = "DiagGaussian"
-    schema = (Param("mean", 1), Param("var", 1, POSITIVE, like="mean"))
+    schema = (Size("dim", of="mean"), Param("mean", 1, shape=("dim",)), Param("var", 1, POSITIVE, shape=("dim",)))
     batch_takes_offsets = True
 
-    def __init__(self, mean, var):
-        self._init_fields(mean=mean, var=var)
+    def __init__(self, mean=None, var=None, *, dim: int | None = None):
+        self._init_fields(mean=mean, var=var, dim=dim)
 
     @property
-    def dim(self):
-        return self.mean.size
+    def dim(self) -> int:
+        return self._sizes["dim"]
 
     def describe(self):
         return f"DiagGaussian d={self.dim}"
@@ -276,20 +276,21 @@ class FullGaussian(Leaf):
     """A d-dimensional normal with full covariance; data is ``(n, d)`` floats."""
 
     family = "FullGaussian"
-    schema = (Param("mean", 1), Param("cov", 2, SPD, shape=("mean", "mean")))
+    schema = (Size("dim", of="mean"), Param("mean", 1, shape=("dim",)), Param("cov", 2, SPD, shape=("dim", "dim")))
     batch_takes_offsets = True
 
-    def __init__(self, mean, cov):
-        chol = self._init_fields(mean=mean, cov=cov)["cov"]
-        d = self.mean.size
-        # z = (x - mean) @ prec_chol has identity covariance.
-        self._prec_chol = np.linalg.solve(chol, np.eye(d)).T.copy()
-        self._const = float(d * LOG_2PI + 2.0 * np.log(np.diag(chol)).sum())
-        self._chol = chol
+    def __init__(self, mean=None, cov=None, *, dim: int | None = None):
+        chol = self._init_fields(mean=mean, cov=cov, dim=dim).get("cov")
+        if chol is not None:
+            d = self.dim
+            # z = (x - mean) @ prec_chol has identity covariance.
+            self._prec_chol = np.linalg.solve(chol, np.eye(d)).T.copy()
+            self._const = float(d * LOG_2PI + 2.0 * np.log(np.diag(chol)).sum())
+            self._chol = chol
 
     @property
-    def dim(self):
-        return self.mean.size
+    def dim(self) -> int:
+        return self._sizes["dim"]
 
     def describe(self):
         return f"FullGaussian d={self.dim}"

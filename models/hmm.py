@@ -19,7 +19,7 @@ from .data import Ragged
 from .floors import LOG_CLAMP, MIN_WEIGHT
 from .mixture import sample_by_label
 from .schema import POSITIVE, SIMPLEX, Children, Param
-from .sequence import DEFAULT_MEAN_LENGTH, prepare_ragged
+from .sequence import known_length, prepare_ragged
 from .special import log_factorial
 from .units import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
@@ -48,12 +48,13 @@ class HMM(Internal):
     schema = (Children("emissions", noun="state", same_type=True),
               Param("transitions", 2, SIMPLEX, shape=("K", "K"), axis=1),
               Param("initial", 1, SIMPLEX, shape=("K",)),
-              Param("mean_length", 0, POSITIVE, free=False, default=DEFAULT_MEAN_LENGTH))
+              Param("mean_length", 0, POSITIVE, free=False))
     has_own_stats = True
     shares_child_data = True
     reads_ragged = True
+    repeat = ("n_states", "emission")
 
-    def __init__(self, emissions, transitions, initial, mean_length: float = DEFAULT_MEAN_LENGTH):
+    def __init__(self, emissions, transitions=None, initial=None, mean_length: float | None = None):
         self._init_fields(emissions=emissions, transitions=transitions, initial=initial, mean_length=mean_length)
 
     @property
@@ -65,10 +66,11 @@ class HMM(Internal):
         return len(self.children)
 
     def child_rows(self, i):
-        return float(self.mean_length)
+        return known_length(self)
 
     def describe(self):
-        return f"HMM K={self.n_states} L~{float(self.mean_length):.3g}"
+        length = "?" if self.mean_length is None else f"{float(self.mean_length):.3g}"
+        return f"HMM K={self.n_states} L~{length}"
 
     def data_type(self):
         return f"seq<{self.children[0].data_type()}>"
@@ -129,6 +131,10 @@ class HMM(Internal):
         return HMM(children, transitions, initial, mean_length)
 
     def _sample(self, n, rng):
+        states, offsets = self._draw_labels(n, rng)
+        return Ragged(sample_by_label(self.children, states, rng), offsets)
+
+    def _draw_labels(self, n, rng):
         lengths = rng.poisson(float(self.mean_length), size=n)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         data = Ragged(np.zeros(int(offsets[-1])), offsets)
@@ -142,12 +148,15 @@ class HMM(Internal):
             u = rng.random(idx.size)
             cum = cum_init[None, :] if t == 0 else cum_trans[states[idx - 1]]
             states[idx] = np.minimum((u[:, None] >= cum).sum(axis=1), k - 1)
-        return Ragged(sample_by_label(self.children, states, rng), offsets)
+        return states, offsets
 
     def child_data_shares(self):
         """The expected share of positions in each state: ``initial T^t`` averaged over the
-        positions of Poisson(``mean_length``) sequences, as ``sample`` draws them."""
-        L = float(self.mean_length)
+        positions of Poisson(``mean_length``) sequences, as ``sample`` draws them (uniform
+        while the transitions or initial probabilities are unset)."""
+        if self.transitions is None or self.initial is None:
+            return super().child_data_shares()
+        L = known_length(self)
         k = np.arange(int(min(100_000, L + 12.0 * math.sqrt(L) + 30)))
         pmf = np.exp(k * math.log(L) - L - log_factorial(k))
         survive = np.clip(1.0 - np.cumsum(pmf), 0.0, 1.0)  # P(length > t)
@@ -160,7 +169,7 @@ class HMM(Internal):
 
     def cost(self, length: float | None = None):
         """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
-        k, L = self.n_states, float(self.mean_length if length is None else length)
+        k, L = self.n_states, known_length(self, length)
         # per position, forward and backward: rows of K gathered and scattered at one time
         # step's positions, elementwise and K x K work, the segment sums' running sum
         per_pos = (7 * ROW_ACCESS_FLOPS + (17 * k + 4) * SLOW_FLOPS + (6 * k + 10)

@@ -32,11 +32,13 @@ class Mixture(Internal):
     schema = (Children("components", noun="component", same_type=True), Param("weights", 1, SIMPLEX, shape=("K",)))
     has_own_stats = True
     shares_child_data = True
+    repeat = ("k", "component")
 
-    def __init__(self, components, weights):
+    def __init__(self, components, weights=None):
         self._init_fields(components=components, weights=weights)
-        with np.errstate(divide="ignore"):
-            self._logw = np.log(self.weights)
+        if self.weights is not None:
+            with np.errstate(divide="ignore"):
+                self._logw = np.log(self.weights)
 
     @property
     def components(self):
@@ -57,10 +59,12 @@ class Mixture(Internal):
     def child_log_offsets(self) -> np.ndarray | None:
         """The log weights, for batched kernels that add them to their own constant term;
         None when a weight is 0, whose -inf must not enter a product."""
+        if self.weights is None:
+            return None
         return self._logw if np.all(np.isfinite(self._logw)) else None
 
     def child_data_shares(self):
-        return self.weights
+        return super().child_data_shares() if self.weights is None else self.weights
 
     def _combine(self, data, child_lds, shifted):
         """From ``A[k] = log weights[k] + log density of component k``, a fresh ``(K, n)``
@@ -89,8 +93,11 @@ class Mixture(Internal):
         return Mixture(children, weights)
 
     def _sample(self, n, rng):
-        labels = rng.choice(len(self.children), size=n, p=self.weights)
+        labels, _ = self._draw_labels(n, rng)
         return sample_by_label(self.children, labels, rng)
+
+    def _draw_labels(self, n, rng):
+        return rng.choice(len(self.children), size=n, p=self.weights), None
 
     def cost(self):
         k = len(self.children)

@@ -17,7 +17,7 @@ class Poisson(Leaf):
     family = "Poisson"
     schema = (Param("rate", 0, POSITIVE),)
 
-    def __init__(self, rate):
+    def __init__(self, rate: float | None = None):
         self._init_fields(rate=rate)
 
     def data_type(self):

@@ -2,9 +2,15 @@
 and parameter count follow.
 
 A family lists its fields in ``schema``, in spec order: :class:`Param` for a numeric
-parameter, :class:`Children` for its child nodes. ``Node._init_fields`` checks the values
+parameter, :class:`Children` for its child nodes, :class:`Size` for a size a template states
+because its data cannot (a vector leaf's ``dim``). ``Node._init_fields`` checks the values
 given to a constructor against it and sets them; ``params()``, ``to_spec()``,
 ``from_spec()`` and ``n_parameters()`` read it.
+
+Any parameter may be left unset (``None``): the node is then a *template*, whose unset
+fields the fit fills from the data (``models.init``). An unset parameter's shape still
+follows from the schema (the number of children, a :class:`Size`), so a template's cost is
+known before its values are.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ SPD = "spd"  # a symmetric positive definite matrix (its Cholesky factor is kept
 class Param:
     """One numeric parameter of a family.
 
-    ``shape`` fixes the parameter's shape from earlier fields: each entry is ``"K"`` (the
-    number of children) or the name of an earlier 1-D parameter (its size); ``like`` names an
-    earlier parameter whose shape it shares. A dimension of 0 is rejected. ``free`` says
+    ``shape`` fixes the parameter's shape: each entry is ``"K"`` (the number of children),
+    the name of a :class:`Size` field (given, or taken from the first parameter that has
+    it), or the name of an earlier 1-D parameter (its size); ``like`` names an earlier
+    parameter whose shape it shares. A dimension of 0 is rejected. ``free`` says
     whether the parameter is a free parameter of the density (a sequence's ``mean_length``
     is not: lengths are given). ``default``, when set, is used where a spec omits the field.
     """
@@ -42,17 +49,25 @@ class Param:
     free: bool = True
     default: float | None = None
 
-    def check(self, value, family: str, fields: dict, n_children: int):
+    def check(self, value, family: str, fields: dict, n_children: int, sizes: dict | None = None):
         """The value as a read-only float64 array, checked; returns ``(array, by-product)``
-        where the by-product is the Cholesky factor of an ``SPD`` parameter, else None."""
+        where the by-product is the Cholesky factor of an ``SPD`` parameter, else None.
+        ``sizes`` holds the :class:`Size` fields known so far; those this value decides
+        (unknown until now) are set in it."""
+        sizes = {} if sizes is None else sizes
         arr = as_float_array(value, self.name, family, self.ndim)
         if self.like is not None:
             ref = fields[self.like]
-            if arr.shape != ref.shape or ref.size == 0:
+            if ref is not None and (arr.shape != ref.shape or ref.size == 0):
                 raise ModelError(f"{family}.{self.name} must have the shape of {self.like} {ref.shape}, got {arr.shape}")
         if self.shape is not None:
-            want = tuple(n_children if s == "K" else int(fields[s].size) for s in self.shape)
-            if 0 in want or arr.shape != want:
+            for i, s in enumerate(self.shape):
+                if s in sizes and sizes[s] is None:
+                    sizes[s] = int(arr.shape[i])
+            want = self.shape_from(fields, n_children, sizes)
+            if 0 in want:
+                raise ModelError(f"{family}.{self.name} must not be empty, got shape {arr.shape}")
+            if arr.shape != want:
                 raise ModelError(f"{family}.{self.name} must have shape {want}, got {arr.shape}")
         extra = None
         if self.kind == POSITIVE:
@@ -62,6 +77,29 @@ class Param:
         elif self.kind == SPD:
             extra = check_spd(arr, self.name, family)
         return arr, extra
+
+    def shape_from(self, fields: dict, n_children: int, sizes: dict) -> tuple[int, ...] | None:
+        """The shape the schema gives this parameter (None where a size is not known yet)."""
+        if self.ndim == 0:
+            return ()
+        if self.like is not None:
+            ref = fields.get(self.like)
+            return None if ref is None else ref.shape
+        if self.shape is None:
+            return None
+        out = []
+        for s in self.shape:
+            if s == "K":
+                out.append(n_children)
+            elif s in sizes:
+                if sizes[s] is None:
+                    return None
+                out.append(int(sizes[s]))
+            elif fields.get(s) is not None:
+                out.append(int(fields[s].size))
+            else:
+                return None
+        return tuple(out)
 
     def n_free(self, arr: np.ndarray) -> int:
         """Free parameters this value holds: a simplex of size V counts V - 1, a ``d x d``
@@ -109,7 +147,28 @@ class Children:
         return children
 
 
-Field = Param | Children
+@dataclass(frozen=True)
+class Size:
+    """A size a template states because its data cannot, e.g. a vector leaf's ``dim``.
+
+    It is a constructor keyword and a spec field of templates only: with ``of`` given, the
+    size is ``of``'s (they must agree), and a complete node's spec leaves it out. ``None``
+    means the data decide it (``models.init.complete_shapes``), when ``from_data``.
+    """
+
+    name: str
+    of: str
+    from_data: bool = False
+
+    def check(self, value, family: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ModelError(f"{family}.{self.name} must be an integer >= 1, got {value!r}")
+        return int(value)
+
+
+Field = Param | Children | Size
 
 
 # ---------------------------------------------------------------- value checks
@@ -165,6 +224,21 @@ def spec_field(spec: dict, key: str, family: str):
     if key not in spec:
         raise SpecError(f"{family} spec is missing field {key!r}")
     return spec[key]
+
+
+def spec_repeat(spec: dict, count_key: str, child_key: str, family: str) -> list:
+    """The child specs of the shorthand ``{count_key: K, child_key: spec}``: K copies of one
+    child spec (``{"family": "Mixture", "k": 8, "component": {...}}``)."""
+    if count_key not in spec or child_key not in spec:
+        missing = count_key if count_key not in spec else child_key
+        raise SpecError(f"{family} spec shorthand needs both {count_key!r} and {child_key!r}; {missing!r} is missing")
+    k = spec[count_key]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SpecError(f"{family} spec field {count_key!r} must be an integer >= 1, got {k!r}")
+    child = spec[child_key]
+    if not isinstance(child, dict):
+        raise SpecError(f"{family} spec field {child_key!r} must be one model spec, got {type(child).__name__}")
+    return [child] * k
 
 
 def spec_list(spec: dict, key: str, family: str) -> list:

@@ -7,12 +7,20 @@ import numpy as np
 from .base import Internal, Node, prepare_by_any
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
-from .errors import DataError
+from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT
 from .schema import POSITIVE, Children, Param
 from .units import MATMUL_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
-DEFAULT_MEAN_LENGTH = 10.0
+
+def known_length(node: Node, length: float | None = None) -> float:
+    """``length``, or the node's ``mean_length``; a ModelError when both are unknown."""
+    if length is not None:
+        return float(length)
+    if node.mean_length is None:
+        raise ModelError(f"{node.family}.mean_length is unset; models.complete_shapes(model, data) takes it "
+                         f"from the data's lengths")
+    return float(node.mean_length)
 
 
 def prepare_ragged(data, children: tuple[Node, ...], where: str, family: str) -> Ragged:
@@ -54,16 +62,17 @@ class Sequence(Internal):
     ``mean_length`` is the expected number of positions per row: it sets the sampling
     distribution of lengths (Poisson) and the planner's per-row cost, and the M-step
     updates it to the weighted mean length of the data. Lengths are treated as given:
-    they are not part of the density.
+    they are not part of the density. Left unset, it is the data's mean length
+    (``models.complete_shapes``).
     """
 
     family = "Sequence"
     schema = (Children("child", many=False),
-              Param("mean_length", 0, POSITIVE, free=False, default=DEFAULT_MEAN_LENGTH))
+              Param("mean_length", 0, POSITIVE, free=False))
     reads_ragged = True
     has_own_stats = True
 
-    def __init__(self, child, mean_length: float = DEFAULT_MEAN_LENGTH):
+    def __init__(self, child, mean_length: float | None = None):
         self._init_fields(child=child, mean_length=mean_length)
 
     @property
@@ -71,10 +80,10 @@ class Sequence(Internal):
         return self.children[0]
 
     def child_rows(self, i):
-        return float(self.mean_length)
+        return known_length(self)
 
     def describe(self):
-        return f"Sequence L~{float(self.mean_length):.3g}"
+        return "Sequence L~?" if self.mean_length is None else f"Sequence L~{float(self.mean_length):.3g}"
 
     def data_type(self):
         return f"seq<{self.child.data_type()}>"
@@ -104,7 +113,7 @@ class Sequence(Internal):
 
     def cost(self, length: float | None = None):
         """Per row of ``length`` positions (default: ``mean_length``; see ``models.cost.data_lengths``)."""
-        L = float(self.mean_length if length is None else length)
+        L = known_length(self, length)
         # per position: the segment sums' running sum, its copy, the repeated weights; per row:
         # gathers at the offsets and the statistics; kept: per-position log densities, offsets
         flops = L * (SCAN_FLOPS + 3) + 2 * SLOW_FLOPS + 4 + 2 * MATMUL_FLOPS

@@ -14,6 +14,7 @@ import pytest
 
 from emgrid.executors import optimize
 from emgrid.models import HMM, DiagGaussian, FullGaussian, Gaussian, Mixture, n_rows
+from emgrid.models.errors import ConvergenceWarning
 from emgrid.models.floors import VAR_FLOOR
 
 from .plans import assert_same_trace, grid_plan
@@ -40,7 +41,8 @@ def test_a_component_collapsing_onto_one_point_is_floored_and_the_fit_goes_on(fa
         spread = [1.0, 1.0] if cls is DiagGaussian else np.eye(2)
         model = Mixture([cls([0.0, 0.0], spread), cls([4.0, -4.0], spread)], [0.5, 0.5])
     plan = grid_plan(model, len(x), 2, 1)
-    res = optimize(x, model, plan=plan, executor=executor, max_iter=12, tol=0.0)
+    with pytest.warns(ConvergenceWarning, match=r"at path '1'.*at the floor"):
+        res = optimize(x, model, plan=plan, executor=executor, max_iter=12, tol=0.0)
     assert res.iterations == 12 or res.converged  # ran on (to an exact fixed point), no FitError
     # non-decreasing up to round-off: at the floor a 2x2 covariance has condition ~1e6, the
     # lifted covariance is not the exact constrained maximizer, and the FullGaussian trace

@@ -115,7 +115,7 @@ def test_a_plan_for_other_rows_or_another_model_is_refused(small):
 def test_a_plan_is_checked_against_the_resources_given_with_it(small):
     model, data = small
     plan = grid_plan(model, 500, 2, 1)  # made for two workers
-    optimize(data, model, plan=plan, resources=Resources.uniform(2), max_iter=1)
+    optimize(data, model, plan=plan, resources=Resources.uniform(2), max_iter=1, tol=0.0)
     with pytest.raises(PlanError, match="resources"):
         optimize(data, model, plan=plan, resources=Resources.uniform(1), max_iter=1)
 

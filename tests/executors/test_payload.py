@@ -27,7 +27,7 @@ PAYLOAD_MODELS = {
 
 def reduce_bytes(model, n: int, d: int = 2, m: int = 1) -> int:
     data = model.sample(n, RNG)
-    res = optimize(data, model, plan=grid_plan(model, n, d, m), max_iter=1)
+    res = optimize(data, model, plan=grid_plan(model, n, d, m), max_iter=1, tol=0.0)
     return res.bytes_moved[0]["reduce"]
 
 
@@ -74,7 +74,7 @@ def test_coupling_bytes_equal_the_planners_prediction(name, grid):
 
 def test_an_unsplit_plan_moves_no_coupling_bytes():
     model = SPLIT_MODELS["mixture"]
-    res = optimize(model.sample(300, RNG), model, plan=grid_plan(model, 300, 3, 1), max_iter=2)
+    res = optimize(model.sample(300, RNG), model, plan=grid_plan(model, 300, 3, 1), max_iter=2, tol=0.0)
     assert all(b["coupling"] == 0 for b in res.bytes_moved)
 
 

@@ -179,20 +179,21 @@ SPECS = [
          "unknown model family", "'Gausian'", "Gaussian"),
     case("spec-no-family", lambda: Node.from_spec({"mean": 0.0, "var": 1.0}), SpecError, "missing field 'family'"),
     case("spec-not-a-mapping", lambda: Node.from_spec(["Gaussian"]), SpecError, "mapping", "list"),
-    case("spec-missing-field", lambda: Node.from_spec({"family": "Gaussian", "mean": 0.0}), SpecError,
-         "Gaussian", "missing field 'var'"),
+    # an omitted parameter is unset (a template): the verbs that need it name it
+    case("spec-missing-field", lambda: Node.from_spec({"family": "Gaussian", "mean": 0.0}).log_density([0.0]),
+         ModelError, "Gaussian.var", "unset"),
     case("spec-unknown-field", lambda: Node.from_spec({"family": "Gaussian", "mean": 0.0, "var": 1.0, "sd": 1.0}),
          SpecError, "Gaussian", "unknown field", "'sd'"),
     case("spec-nested-unknown-field", lambda: Node.from_spec(
         {"family": "Composite", "children": [{"family": "Poisson", "rate": 1.0, "lambda": 2.0}]}), SpecError,
          "Poisson", "'lambda'"),
     case("spec-nested-missing-field", lambda: Node.from_spec(
-        {"family": "HMM", "emissions": [{"family": "Categorical"}], "transitions": [[1.0]], "initial": [1.0]}),
-         SpecError, "Categorical", "missing field 'probs'"),
+        {"family": "HMM", "emissions": [{"family": "Categorical"}], "transitions": [[1.0]], "initial": [1.0]})
+         .log_density([np.array([0, 1])]), ModelError, "Categorical.n_values", "'0'", "unset"),
     case("spec-sequence-missing-child", lambda: Node.from_spec({"family": "Sequence", "mean_length": 3.0}),
          SpecError, "Sequence", "missing field 'child'"),
-    case("spec-mixture-missing-weights", lambda: Node.from_spec({"family": "Mixture", "components": [G.to_spec()]}),
-         SpecError, "Mixture", "missing field 'weights'"),
+    case("spec-mixture-missing-weights", lambda: Node.from_spec({"family": "Mixture", "components": [G.to_spec()]})
+         .log_density([0.0]), ModelError, "Mixture.weights", "unset"),
     case("spec-composite-children-not-a-list", lambda: Node.from_spec({"family": "Composite", "children": 5}),
          SpecError, "Composite", "'children'", "list"),
     case("spec-hmm-emissions-not-a-list", lambda: Node.from_spec(

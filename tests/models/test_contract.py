@@ -96,11 +96,18 @@ def test_specs_keep_their_json_format(model, text):
     assert json.dumps(from_spec(json.loads(text)).to_spec()) == text
 
 
-def test_a_spec_may_omit_a_parameter_with_a_default():
+def test_a_spec_may_omit_the_mean_length_which_the_data_then_give():
+    """An omitted ``mean_length`` is unset: densities do not read it, and the fit (through
+    ``complete_shapes``) takes the data's mean length."""
+    from emgrid.models import complete_shapes
+
     seq = from_spec({"family": "Sequence", "child": POI.to_spec()})
-    assert float(seq.mean_length) == 10.0
     hmm = from_spec({"family": "HMM", "emissions": [POI.to_spec()], "transitions": [[1.0]], "initial": [1.0]})
-    assert float(hmm.mean_length) == 10.0
+    rows = [np.array([1, 2]), np.array([0, 1, 2, 3])]
+    for node in (seq, hmm):
+        assert node.mean_length is None and node.unset_fields() == [("", "mean_length")]
+        assert np.all(np.isfinite(node.log_density(rows)))
+        assert float(complete_shapes(node, node.prepare(rows)).mean_length) == 3.0
 
 
 @given(m=S.models())

@@ -1,0 +1,258 @@
+"""Templates completed from the data: shapes first (before planning), then values (per start).
+
+- :func:`complete_shapes` fills what the plan needs and only the data can say: a
+  ``Categorical()``'s number of values (the largest value of its column plus one) and a
+  sequence's or HMM's ``mean_length`` (the mean length of its rows). It reads just those
+  columns (the offsets, the integer values), memory-mapped when the data live on disk.
+- :func:`initialize` fills every other unset parameter from a bounded, seeded, uniform
+  sample of rows drawn by global row index (:func:`sample_index`), so every executor, every
+  grid and every MPI rank builds the same starting model for the same seed without any
+  process holding more than the sample. Recursively, on the rows each node receives:
+
+  * a leaf: its own statistics of its rows (``_accumulate``), then its M-step; a leaf
+    that is one part of a partition adds ``PRIOR_ROWS`` rows' worth of the statistics of
+    every row the partition split, so a value its part lacks keeps some probability;
+  * a ``Composite``: each field on its column; a ``Sequence``: its child on the positions,
+    each weighted by its row's weight;
+  * a ``Mixture``: its rows partitioned, k-means++ and a few Lloyd iterations where its
+    components read floats or vectors (or records with such fields, standardized),
+    a random partition otherwise; each component then completed from its part, the
+    weights set to the parts' shares;
+  * an ``HMM``: its positions partitioned the same way for the emissions, near-uniform
+    transitions with a seeded jitter, uniform initial probabilities.
+
+  No two components start equal: they are fitted to disjoint parts of the sample.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Node
+from .categorical import Categorical, floor_probs
+from .composite import Composite
+from .data import Data, Ragged, n_rows, take_index
+from .errors import ConfigError, ModelError
+from .hmm import HMM
+from .kmeans import kmeans_labels, random_labels
+from .mixture import Mixture
+from .schema import Children, Param
+from .sequence import Sequence
+from .tree import child_path
+
+__all__ = ["INIT_METHODS", "complete_shapes", "data_shapes_unset", "check_init", "sample_index", "sample_rows", "initialize"]
+
+#: ``init`` values: k-means where components read floats or vectors and random partitions
+#: elsewhere (``auto``), or one method everywhere it applies.
+INIT_METHODS = ("auto", "kmeans", "random")
+#: The sample initialization reads: ``min(n, max(SAMPLE_MIN_ROWS, SAMPLE_ROWS_PER_LEAF * leaves))``.
+SAMPLE_MIN_ROWS = 2000
+SAMPLE_ROWS_PER_LEAF = 200
+#: Relative jitter of an HMM's initial transitions around uniform.
+TRANSITION_JITTER = 0.2
+#: Rows' worth of a partition's pooled statistics added to each leaf part's own.
+PRIOR_ROWS = 1.0
+_CHUNK = 1 << 20
+
+
+def _where(path: str) -> str:
+    return repr(path) if path else "'<root>'"
+
+
+def _children_name(node: Node) -> str:
+    return next(f.name for f in node.schema if isinstance(f, Children))
+
+
+def _rebuild(node: Node, children, **values) -> Node:
+    name = _children_name(node)
+    many = next(f.many for f in node.schema if isinstance(f, Children))
+    return node.with_fields(**{name: list(children) if many else children[0]}, **values)
+
+
+# ---------------------------------------------------------------- shapes
+def complete_shapes(model: Node, data: Data) -> Node:
+    """``model`` with every size and ``mean_length`` the data decide filled in (the same
+    node when there is none); ``data`` is prepared (or an ``NpyDataset``'s ``open()``)."""
+    return _shapes(model, data, "")
+
+
+def _shapes(node: Node, data, path: str) -> Node:
+    if node.is_leaf:
+        if isinstance(node, Categorical) and node.n_values is None:
+            return node.with_fields(n_values=_column_max(data, path) + 1)
+        return node
+    kids = [_shapes(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
+    values = {}
+    if node.reads_ragged and node.mean_length is None:
+        offsets = data.offsets
+        n, total = len(offsets) - 1, int(offsets[-1])
+        if total == 0:
+            raise ModelError(f"{node.family} at path {_where(path)} cannot be completed from the data: its "
+                             f"{n} sequence(s) hold no positions")
+        values["mean_length"] = total / n
+    if not values and all(a is b for a, b in zip(kids, node.children)):
+        return node
+    return _rebuild(node, kids, **values)
+
+
+def data_shapes_unset(model: Node) -> list[tuple[str, str]]:
+    """The unset ``(path, field)`` that :func:`complete_shapes` takes from the data."""
+    out = []
+    for path, node in model.nodes():
+        for name in node.own_unset():
+            if (isinstance(node, Categorical) and name == "n_values") or (node.reads_ragged and name == "mean_length"):
+                out.append((path, name))
+    return out
+
+
+def _column_max(x, path: str) -> int:
+    """The largest value of an integer column, read in chunks (it may be memory-mapped)."""
+    if len(x) == 0:
+        raise ModelError(f"Categorical at path {_where(path)} cannot take n_values from the data: its column is empty")
+    return int(max(int(np.max(x[a:a + _CHUNK])) for a in range(0, len(x), _CHUNK)))
+
+
+def check_init(model: Node, init: str) -> None:
+    """Raises ConfigError before any work when ``init`` is unknown, or is ``"kmeans"`` for a
+    mixture or HMM whose components have no float or vector data to cluster."""
+    if init not in INIT_METHODS:
+        raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
+    if init != "kmeans":
+        return
+    for path, node in model.nodes():
+        if isinstance(node, (Mixture, HMM)) and node.is_template and not _clusterable(node.children[0]):
+            raise ConfigError(f"init='kmeans' needs components that read floats or vectors; the {node.family} at "
+                              f"path {_where(path)} reads {node.children[0].data_type()} (use init='auto' or 'random')")
+
+
+def _clusterable(node: Node) -> bool:
+    t = node.data_type()
+    if t == "float" or t.startswith("vec["):
+        return True
+    return isinstance(node, Composite) and any(_clusterable(c) for c in node.children)
+
+
+# ---------------------------------------------------------------- the sample
+def sample_index(model: Node, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted global row indices of a uniform sample without replacement."""
+    m = min(n, max(SAMPLE_MIN_ROWS, SAMPLE_ROWS_PER_LEAF * len(model.leaves())))
+    if m == n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(rng.choice(n, size=m, replace=False)).astype(np.int64)
+
+
+def sample_rows(data: Data, index: np.ndarray) -> Data:
+    """The rows ``index`` (sorted) as arrays in memory, reading only their bytes when the
+    data are memory-mapped: a sequence's two offsets per row, then its positions."""
+    if isinstance(data, tuple):
+        return tuple(sample_rows(c, index) for c in data)
+    if isinstance(data, Ragged):
+        starts = np.asarray(data.offsets[index], dtype=np.int64)
+        ends = np.asarray(data.offsets[index + 1], dtype=np.int64)
+        lengths = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return Ragged.unchecked(sample_rows(data.values, pos), offsets)
+    return np.ascontiguousarray(data[index])
+
+
+# ---------------------------------------------------------------- values
+def initialize(model: Node, data: Data, n_data: int, *, seed: int, start: int = 0, init: str = "auto") -> Node:
+    """Start ``start`` of a seeded initialization: ``model`` (shapes complete) with every
+    unset parameter filled from a sample of ``data``; a complete model is returned as is."""
+    check_init(model, init)
+    if not model.is_template:
+        return model
+    rng = np.random.default_rng([seed, start])
+    rows = sample_rows(data, sample_index(model, n_data, rng))
+    return _fill(model, rows, np.ones(n_rows(rows)), rng, init, "")
+
+
+def _fill(node: Node, data, w: np.ndarray, rng, init: str, path: str) -> Node:
+    if not node.is_template:
+        return node
+    if node.is_leaf:
+        return _leaf(node, data, w, path)
+    if isinstance(node, (Mixture, HMM)):
+        return _mixture(node, data, w, rng, init, path)
+    if isinstance(node, Sequence):
+        child = _fill(node.child, data.values, np.repeat(w, data.lengths), rng, init, child_path(path, 0))
+        return _rebuild(node, [child])
+    kids = [_fill(c, node._child_data(data, i), w, rng, init, child_path(path, i)) for i, c in enumerate(node.children)]
+    return _rebuild(node, kids)
+
+
+def _leaf(node: Node, data, w: np.ndarray, path: str, prior=None) -> Node:
+    """The leaf's M-step on its rows (plus ``prior``, pooled statistics scaled to
+    ``PRIOR_ROWS`` rows); parameters the template gives are kept."""
+    own = node._accumulate(data, w)
+    if prior is not None:
+        own = tuple(a + b for a, b in zip(own, prior))
+    fitted = node._estimate(own, ())
+    if fitted.is_template:
+        raise ModelError(f"{node.family} at path {_where(path)} cannot be initialized: its rows in the "
+                         f"initialization sample carry no weight")
+    given = {f.name: getattr(node, f.name) for f in node.schema
+             if isinstance(f, Param) and getattr(node, f.name) is not None}
+    return fitted.with_fields(**given) if given else fitted
+
+
+def _mixture(node, data, w, rng, init: str, path: str) -> Node:
+    """A mixture's or an HMM's children from a partition of its rows (positions for an HMM)."""
+    hmm = isinstance(node, HMM)
+    rows, rw = (data.values, np.repeat(w, data.lengths)) if hmm else (data, w)
+    k, m = len(node.children), n_rows(rows)
+    if m < k:
+        what = "positions" if hmm else "rows"
+        raise ModelError(f"{node.family} at path {_where(path)} has {k} components but the initialization "
+                         f"sample holds {m} {what}; give fewer components or more data")
+    labels = _partition(node.children[0], rows, rw, k, rng, init) if k > 1 else np.zeros(m, dtype=np.int64)
+    kids, pooled = [], {}
+    for j, c in enumerate(node.children):
+        part = np.flatnonzero(labels == j)
+        if c.is_leaf and c.is_template:
+            key = c.describe()
+            if key not in pooled:
+                pooled[key] = tuple(PRIOR_ROWS / rw.sum() * s for s in c._accumulate(rows, rw))
+            kids.append(_leaf(c, take_index(rows, part), rw[part], child_path(path, j), pooled[key]))
+        else:
+            kids.append(_fill(c, take_index(rows, part), rw[part], rng, init, child_path(path, j)))
+    values = {}
+    if hmm:
+        if node.transitions is None:
+            jitter = 1.0 + TRANSITION_JITTER * (rng.random((k, k)) - 0.5)
+            values["transitions"] = jitter / jitter.sum(axis=1, keepdims=True)
+        if node.initial is None:
+            values["initial"] = np.full(k, 1.0 / k)
+    elif node.weights is None:
+        mass = np.bincount(labels, weights=rw, minlength=k)
+        values["weights"] = floor_probs(mass / mass.sum())
+    return _rebuild(node, kids, **values)
+
+
+def _partition(component: Node, rows, w, k: int, rng, init: str) -> np.ndarray:
+    X = _features(rows, component) if init != "random" else None
+    if X is None:
+        return random_labels(n_rows(rows), k, rng)
+    return kmeans_labels(X, w, k, rng)
+
+
+def _features(data, node: Node) -> np.ndarray | None:
+    """The rows as a float matrix k-means can cluster: a float column, vectors, or a
+    record's float and vector fields (each column standardized, so units do not weigh);
+    None when the data hold none."""
+    t = node.data_type()
+    if t == "float":
+        return np.asarray(data, dtype=np.float64)[:, None]
+    if t.startswith("vec["):
+        return np.asarray(data, dtype=np.float64)
+    if isinstance(node, Composite):
+        parts = [f for i, c in enumerate(node.children) if (f := _features(data[i], c)) is not None]
+        if not parts:
+            return None
+        X = np.hstack(parts)
+        sd = X.std(axis=0)
+        return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    if isinstance(node, Mixture):
+        return _features(data, node.children[0])
+    return None
