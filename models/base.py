@@ -13,24 +13,24 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import engine, inference
+from . import engine
 from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
 from .schema import Children, Field, Param, Size, spec_field, spec_list, spec_repeat
 from .stats import OwnStats, Stats
+from .answers import Answering
 from .template import Templated
 from .tree import batch_class, child_path
 
-__all__ = ["FAMILIES", "Node", "Leaf", "Internal", "from_spec", "child_path", "batch_class", "float_column",
-           "int_column", "prepare_by_any"]
+__all__ = ["FAMILIES", "Node", "Leaf", "Internal", "from_spec", "child_path", "batch_class"]
 
 #: Every family by name (filled as family classes are defined): what specs name.
 FAMILIES: dict[str, type["Node"]] = {}
 
 
-class Node(Templated):
+class Node(Templated, Answering):
     """A node of a model tree.
 
     A family subclasses :class:`Leaf` or :class:`Internal`, sets ``family`` and ``schema``,
@@ -335,44 +335,6 @@ class Node(Templated):
         children already fitted."""
         raise NotImplementedError
 
-    # ---------------------------------------------------------------- answers (models.inference)
-    # Shapes: one entry per row the children of the node at ``at`` read, in a ``Ragged`` per
-    # sequence on the way (see ``models.inference``).
-    def score_samples(self, data) -> np.ndarray:
-        """Log-likelihood of every row, ``(n,)``."""
-        return inference.score_samples(self, data)
-
-    def predict_proba(self, data, at: str = "") -> Data:
-        """The row weights the Mixture or HMM at ``at`` hands its children, ``(rows, K)``."""
-        return inference.predict_proba(self, data, at)
-
-    def predict(self, data, at: str = "") -> Data:
-        """The most probable child of the Mixture or HMM at ``at`` per row (int64)."""
-        return inference.predict(self, data, at)
-
-    def posterior_states(self, data, at: str = "") -> Data:
-        """The HMM at ``at``: state probabilities per position, a ``Ragged`` of ``(positions, K)``."""
-        return inference.posterior_states(self, data, at)
-
-    def viterbi(self, data, at: str = "") -> Data:
-        """The HMM at ``at``: the most probable state path per sequence, a ``Ragged`` of int64."""
-        return inference.viterbi(self, data, at)
-
-    def bic(self, data) -> float:
-        """Bayesian information criterion, ``-2 log L + n_parameters() log n`` (lower is better)."""
-        return inference.bic(self, data)
-
-    def aic(self, data) -> float:
-        """Akaike information criterion, ``-2 log L + 2 n_parameters()`` (lower is better)."""
-        return inference.aic(self, data)
-
-    def _draw_labels(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
-        """A node that chooses among its children (``shares_child_data``): the child that
-        generates each row its children read, and the offsets of the sequences when those
-        rows are positions (else None); what its ``_sample`` draws first."""
-        raise NotImplementedError
-    # ---------------------------------------------------------------- end of answers
-
 
 def from_spec(spec) -> Node:
     """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError."""
@@ -483,62 +445,3 @@ class Internal(Node):
         """Row weights for each child (a list, or a ``(K, n)`` array) and this node's own
         statistics, from its row weights ``w`` and the upward pass's results."""
         raise NotImplementedError
-
-
-# ---------------------------------------------------------------- data helpers
-def float_column(data, where: str, family: str) -> np.ndarray:
-    """A finite float64 column of shape (n,)."""
-    if isinstance(data, (tuple, Ragged)):
-        raise DataError(f"{where}: {family} expects a 1-D float array, got {type(data).__name__}")
-    try:
-        x = np.asarray(data)
-        if x.dtype.kind not in "biufO":
-            raise DataError(f"{where}: {family} expects real numbers, got dtype {x.dtype}")
-        x = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        if isinstance(e, DataError):
-            raise
-        raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
-    if x.ndim != 1:
-        raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise DataError(f"{where}: {family} data holds NaN or inf (first at row {int(np.argmin(np.isfinite(x)))})")
-    return x
-
-
-def int_column(data, where: str, family: str) -> np.ndarray:
-    """An int64 column of shape (n,); floats are accepted only when integral."""
-    if isinstance(data, (tuple, Ragged)):
-        raise DataError(f"{where}: {family} expects a 1-D integer array, got {type(data).__name__}")
-    x = np.asarray(data)
-    if x.dtype.kind == "f":
-        if not np.all(np.isfinite(x)):
-            raise DataError(f"{where}: {family} data holds NaN or inf")
-        if np.any(x != np.round(x)):
-            raise DataError(f"{where}: {family} expects integers, got non-integral values such as {x[x != np.round(x)][0]}")
-        x = x.astype(np.int64)
-    elif x.dtype.kind not in "iub":
-        raise DataError(f"{where}: {family} expects integers, got dtype {x.dtype}")
-    if x.ndim != 1:
-        raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
-    return x.astype(np.int64, copy=False)
-
-
-def prepare_by_any(children: tuple[Node, ...], data, where: str) -> Data:
-    """Data of a node whose children share one data type (a mixture's components, an HMM's
-    emissions), prepared by the first child whose support holds every row.
-
-    The node's support is the union of its children's, and same-type leaves have nested
-    supports (``Categorical`` values ``0..V-1`` inside a ``Poisson``'s counts, an
-    ``Exponential``'s ``x >= 0`` inside a ``Gaussian``'s reals), so the order of the
-    children does not decide which data are accepted. When no child accepts the data, the
-    first child's error is raised.
-    """
-    first_error = None
-    for child in children:
-        try:
-            return child._prepare(data, where)
-        except DataError as e:
-            if first_error is None:
-                first_error = e
-    raise first_error

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, int_column
+from .base import Leaf
+from .columns import int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, PROB_FLOOR
@@ -69,7 +70,7 @@ class Categorical(Leaf):
         return x
 
     # Values outside ``0..V-1`` reach these kernels only as rows of a mixture or an HMM
-    # whose other components accept them (see ``models.base.prepare_by_any``): their log
+    # whose other components accept them (see ``models.columns.prepare_by_any``): their log
     # density is -inf and they add nothing to the counts.
     def _log_density(self, x):
         return _lookup(self._logp[None, :], x)[0]

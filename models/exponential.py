@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, float_column
+from .base import Leaf
+from .columns import float_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
@@ -36,7 +37,7 @@ class Exponential(Leaf):
         return x
 
     # Negative values reach these kernels only as rows of a mixture or an HMM whose other
-    # components accept them (see ``models.base.prepare_by_any``): their density is 0.
+    # components accept them (see ``models.columns.prepare_by_any``): their density is 0.
     def _log_density(self, x):
         return _outside_to_minus_inf(np.log(self.rate) - self.rate * x, x)
 

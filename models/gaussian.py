@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .base import Leaf, float_column
+from .base import Leaf
+from .columns import float_column
 from .cost import BatchCost, NodeCost, stat_bytes
 from .data import Ragged
 from .errors import DataError

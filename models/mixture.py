@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, prepare_by_any
+from .base import Internal
+from .columns import prepare_by_any
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import concat_rows, take_index

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Leaf, int_column
+from .base import Leaf
+from .columns import int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR

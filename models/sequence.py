@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Internal, Node, prepare_by_any
+from .base import Internal, Node
+from .columns import prepare_by_any
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
 from .errors import DataError, ModelError
@@ -25,7 +26,7 @@ def known_length(node: Node, length: float | None = None) -> float:
 
 def prepare_ragged(data, children: tuple[Node, ...], where: str, family: str) -> Ragged:
     """Accepts a Ragged or a list of per-row arrays; checks the values against ``children``
-    (one child, or the emissions of an HMM, see :func:`models.base.prepare_by_any`)."""
+    (one child, or the emissions of an HMM, see :func:`models.columns.prepare_by_any`)."""
     if not isinstance(data, Ragged):
         if isinstance(data, np.ndarray) and data.dtype != object:
             raise DataError(f"{where}: {family} expects a list of per-row arrays or a Ragged, got a {data.ndim}-D array")
