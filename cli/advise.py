@@ -1,30 +1,61 @@
 """``emgrid advise``: does distributing this fit help on this machine?
 
-Measures the model's compute per row here and each executor's fixed cost per iteration
-(a tiny model, many iterations), then predicts seconds per iteration for local and for
-each grid width: ``rows * seconds_per_row / workers + fixed overhead``.
+Measures the model's compute per row here, with BLAS at the threads per worker the fit
+will run (``[executor] blas_threads``, default 1), and each executor's fixed cost per
+iteration (a tiny model, many iterations), then predicts seconds per iteration for local
+and for each worker count: ``rows * seconds_per_row / min(workers, cores / blas_threads)
++ fixed overhead``. Workers beyond this machine's cores (those this process may run on)
+share them and compute no faster, so no count above ``cores / blas_threads`` is advised.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import time
+
 import numpy as np
 
 from emgrid.models import Gaussian, e_step, n_rows, take_rows
 
 
-def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3) -> float:
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3,
+                    blas_threads: int | None = 1) -> float:
+    """Best of ``repeats`` E-steps on up to ``budget_rows`` rows, with BLAS at ``blas_threads``."""
+    from emgrid.executors.threads import limited
+
     rows = min(n_rows(data), budget_rows)
     block = take_rows(data, 0, rows)
     best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        e_step(model, block)
-        best = min(best, time.perf_counter() - t0)
+    with limited(blas_threads):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            e_step(model, block)
+            best = min(best, time.perf_counter() - t0)
     return best / rows
+
+
+def worker_counts(configured: int, cores: int, blas_threads: int | None) -> tuple[list[int], int]:
+    """The worker counts worth measuring here, and how many workers the cores run at once.
+
+    ``configured``: the run's worker count; every worker runs ``blas_threads`` threads
+    (``None``: one per core, as the BLAS does unlimited), so ``cores // blas_threads`` of them
+    (at least 1) run at once. Counts from 2 up to that, at most the configured count when it
+    is larger than 2.
+    """
+    per_worker = cores if blas_threads is None else blas_threads
+    parallel = max(1, cores // per_worker)
+    top = min(max(2, configured), parallel)
+    return sorted({p for p in (2, top) if 2 <= p <= parallel}), parallel
 
 
 def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | None:
@@ -82,21 +113,30 @@ def advise(cfg) -> str:
     n = n_rows(data)
     if model.is_template:  # its first start: what one iteration of the fit computes
         model = initialize(complete_shapes(model, data), data, n, seed=cfg.fit.seed, init=cfg.fit.init)
-    per_row = seconds_per_row(model, data)
+    threads = cfg.executor.executor_options()["blas_threads"]
+    per_row = seconds_per_row(model, data, blas_threads=threads)
     local = n * per_row
-    workers = max(2, build_resources(cfg).n_workers)
+    cores = machine_cores()
+    configured = build_resources(cfg).n_workers
+    counts, parallel = worker_counts(configured, cores, threads)
+    each = "as many as the cores" if threads is None else str(threads)
     lines = [f"model: {model.describe()}, {n} rows; compute here {per_row * 1e6:.3f} us/row "
-             f"-> local {local:.4g} s/iter", "",
+             f"-> local {local:.4g} s/iter",
+             f"machine: {cores} core(s) for this process; BLAS threads per worker: {each}, so {parallel} "
+             f"worker(s) compute at once" + (f" (the config's {configured} workers would share them)"
+                                             if configured > parallel else ""), "",
              f"{'executor':<16} {'workers':>7} {'overhead/iter':>14} {'predicted s/iter':>17} {'speed-up':>9}"]
     lines.append(f"{'local':<16} {1:>7} {'-':>14} {local:>17.4g} {1.0:>9.2f}")
     best = ("local", 1, local)
     for kind in ("multiprocessing", "mpi"):
-        for p in sorted({2, workers}):
+        if not counts:
+            lines.append(f"{kind:<16} skipped: these cores run one worker at a time")
+        for p in counts:
             over = executor_overhead(kind, p)
             if over is None:
                 lines.append(f"{kind:<16} {p:>7} {'unavailable':>14}")
                 continue
-            pred = local / p + over
+            pred = local / min(p, parallel) + over
             lines.append(f"{kind:<16} {p:>7} {over * 1e3:>11.3f} ms {pred:>17.4g} {local / pred:>9.2f}")
             if pred < best[2]:
                 best = (kind, p, pred)

@@ -1,4 +1,5 @@
-"""``emgrid fit`` with ``kind = "mpi"``: the parent that starts ``mpiexec``, and what it reports.
+"""``emgrid fit`` with ``kind = "mpi"`` (and ``emgrid demo --executor mpi``): the parent that
+starts ``mpiexec``, and what it reports.
 
 The parent reruns the command under ``mpiexec`` (one rank per worker of the plan) and exits
 with the command's own code (0 done, 1 not converged, 2 bad input, 3 the fit failed, 130
@@ -32,6 +33,19 @@ ENV = "EMGRID_MPI_RECORD"
 #: The command's exit code for a fit that failed while running (as emgrid.cli.main's EXIT_FAILED).
 EXIT_FAILED = 3
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def under_mpiexec() -> bool:
+    """Whether this process is a rank of an ``mpiexec`` job (its process manager's variables)."""
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+
+
+def mpi_command(ranks: int, argv: list[str], *, debug: bool = False) -> list[str]:
+    """``mpiexec -n RANKS python -m emgrid.cli.main [--debug] ARGV...`` (the ``mpiexec`` next to
+    this interpreter when there is one, as the ``mpich`` wheel installs it)."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    return ([str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(ranks), sys.executable, "-m",
+             "emgrid.cli.main"] + (["--debug"] if debug else []) + list(argv))
 
 
 def _read_int(path: Path) -> int | None:
@@ -90,8 +104,9 @@ class RankRecord:
         self._write(f"error.{self.rank}", message)
 
 
-def launch(cmd: list[str], plan, out: Path, max_iter: int) -> int:
-    """Runs ``cmd`` (``mpiexec ...``) and returns the command's exit code (see the module)."""
+def launch(cmd: list[str], plan, out: Path | None, max_iter: int) -> int:
+    """Runs ``cmd`` (``mpiexec ...``) and returns the command's exit code (see the module);
+    ``out``: the fit's output folder, where a failure's line looks for a checkpoint."""
     folder = Path(tempfile.mkdtemp(prefix="emgrid-mpi-"))
     try:
         proc = subprocess.Popen(cmd, env=dict(os.environ, **{ENV: str(folder)}))
@@ -110,7 +125,7 @@ def launch(cmd: list[str], plan, out: Path, max_iter: int) -> int:
             message = errors[0].read_text().strip()
         else:
             message = _death(first, plan, status, _read_int(folder / "progress"), max_iter)
-        print(f"emgrid: fit failed: {message}{_checkpoint_note(out)}", file=sys.stderr)
+        print(f"emgrid: fit failed: {message}{_checkpoint_note(out) if out is not None else ''}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from emgrid.models.errors import ConfigError
 
 
-def draw_plan(plan, path: str) -> None:
+def draw_plan(plan, path: str) -> Path:
+    """Draws ``plan`` to the PNG ``path``; returns the file written (absolute)."""
+    target = Path(path).resolve()
+    if not target.parent.is_dir():
+        raise ConfigError(f"--picture {path!r}: the folder {str(target.parent)!r} does not exist")
     try:
         import matplotlib
 
@@ -26,5 +32,10 @@ def draw_plan(plan, path: str) -> None:
     fig.suptitle(f"{plan.data_parallel} x {plan.model_parallel} grid, {plan.status}, "
                  f"{plan.predicted_iteration_s * 1e3:.3g} ms/iter")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(target, dpi=100, format="png")
+    except OSError as e:
+        raise ConfigError(f"--picture {path!r}: cannot write it: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return target

@@ -2,7 +2,9 @@
 
 The shards of a replica run in lockstep (each block's exchange is a dict merge), so the
 whole ``D x M`` grid, model-parallel shards included, runs here exactly as it does across
-processes: the same worker step, the same reduce order, the same payloads.
+processes: the same worker step, the same reduce order, the same payloads. BLAS and OpenMP run
+``blas_threads`` threads (one by default) while the fit runs, and the caller's setting
+comes back after (:mod:`executors.threads`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import WorkerStep, grid_layout, reduce_shares, run_replica_lockstep
+from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 
 class LocalGrid:
@@ -28,6 +31,7 @@ class LocalGrid:
         self.layout = grid_layout(job.model, job.plan)
         self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row] for row in self.layout]
         self.model: Node = job.model
+        probe("local")
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
         self.model = model  # one process: every cell evaluates the whole model
@@ -46,9 +50,20 @@ class LocalGrid:
 
 
 class LocalExecutor(BaseExecutor):
-    """Runs the whole grid in the calling process (no parallelism; the reference for the others)."""
+    """Runs the whole grid in the calling process (no parallelism; the reference for the others).
+
+    ``blas_threads``: BLAS and OpenMP threads while the fit runs (default 1; ``None`` leaves
+    the caller's setting); the caller's setting is restored after.
+    """
 
     name: ClassVar[str] = "local"
 
+    def __init__(self, blas_threads: int | None = DEFAULT_BLAS_THREADS):
+        self.blas_threads = check_blas_threads(blas_threads)
+
     def run(self, job: FitJob) -> FitResult:
-        return run_em(LocalGrid(job), job, self.name)
+        with limited(self.blas_threads):
+            return run_em(LocalGrid(job), job, self.name)
+
+    def __repr__(self) -> str:
+        return f"LocalExecutor(blas_threads={self.blas_threads!r})"

@@ -122,8 +122,10 @@ def warm_up(model) -> None:
 
     The first E-step of a process pages in code (numpy's and OpenBLAS's kernels, LAPACK for
     full covariances) and fills allocator arenas: about 1-2 MiB that belong to the libraries,
-    not to the fit, and that the plan does not count. Best effort: a model that cannot
-    sample skips it.
+    not to the fit, and that the plan does not count. Every executor calls it under the fit's
+    thread limit (:mod:`executors.threads`), so the pages it touches are those of the
+    kernels the fit runs, and the BLAS allocates no buffers for threads the fit does not
+    use. Best effort: a model that cannot sample skips it.
     """
     try:
         import numpy as np

@@ -44,6 +44,10 @@ collectives.
 
 Every active rank sends its share up the reduce as the multiprocessing workers send theirs:
 an :class:`executors.step.ShareReport` beside its pickled statistics.
+
+Threads. Every rank runs the fit with its BLAS and OpenMP pools at ``blas_threads`` threads
+(one by default; :mod:`executors.threads`) and restores its own setting after: ranks on one
+machine each running a pool per core are many times slower than one thread each.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout, join_shards, reduce_shard
+from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 _RANK_NAME = re.compile(r"rank(\d+)")
 
@@ -490,6 +495,7 @@ class MpiGrid:
         self.step = None
         if spec is not None:
             self.step = WorkerStep(job.model, spec, job.open_rows(spec.start, spec.stop), self.meter)
+            probe(spec.name)
         self.model: Node = job.model
         self.received_s = 0.0  # unpickling the last broadcast model
         self.broadcasts = 0
@@ -637,12 +643,15 @@ class MpiExecutor(BaseExecutor):
     before the fit stops with a FitError naming the rank(s) that did not arrive (``None``:
     no limit, and the blocking collectives; a rank that dies ends the job regardless).
     ``startup_timeout_s``: with a ``timeout_s``, the longest a rank may take to load its
-    rows. Every rank must pass the same options (checked, before any work).
+    rows. Every rank must pass the same timeouts (checked, before any work). ``blas_threads``:
+    BLAS and OpenMP threads per rank while the fit runs (default 1; ``None`` leaves each rank's
+    own setting).
     """
 
     name: ClassVar[str] = "mpi"
 
-    def __init__(self, comm=None, timeout_s: float | None = None, startup_timeout_s: float = 120.0):
+    def __init__(self, comm=None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
+                 blas_threads: int | None = DEFAULT_BLAS_THREADS):
         from mpi4py import MPI
 
         if timeout_s is not None and not timeout_s > 0:
@@ -652,6 +661,7 @@ class MpiExecutor(BaseExecutor):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.blas_threads = check_blas_threads(blas_threads)
 
     def default_resources(self) -> Resources:
         return Resources.from_mpi(self.comm)
@@ -679,6 +689,10 @@ class MpiExecutor(BaseExecutor):
             )
 
     def run(self, job: FitJob) -> FitResult:
+        with limited(self.blas_threads):
+            return self._run(job)
+
+    def _run(self, job: FitJob) -> FitResult:
         world = self.comm
         # one transport on every rank (blocking and nonblocking calls never match), and the
         # pids that a timeout's message names
@@ -721,7 +735,7 @@ class MpiExecutor(BaseExecutor):
         return result
 
     def __repr__(self) -> str:
-        return f"MpiExecutor(timeout_s={self.timeout_s!r})"
+        return f"MpiExecutor(timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"
 
 
 def _describe(rank: int, spec: WorkerSpec | None, pid: int) -> str:

@@ -8,10 +8,18 @@ messages. Rows never pass through the parent:
 the data lives in ``.npy`` files (written once to a temporary directory when the caller
 gave arrays) that every worker maps for its own row range only.
 
-Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS limited to one
-thread: several processes each running several BLAS threads on the same cores are many
-times slower than one thread each. A worker that raises or dies stops the fit with a
-FitError naming it and the iteration; the parent never blocks on a dead worker. When one
+Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS and OpenMP limited
+to ``blas_threads`` threads (one by default, :mod:`executors.threads`): processes each
+running several BLAS threads on the same cores are many times slower than one thread each.
+
+A worker's target and arguments are emgrid's own, so it needs nothing from the caller's
+``__main__``, which is hidden from spawn's preparation while workers start
+(:func:`_main_hidden`): a plain script without an ``if __name__ == "__main__":`` guard runs
+once and fits. Only a model with a node class defined in ``__main__`` makes the workers
+import the script (to unpickle it), which then needs the guard.
+
+A worker that raises or dies stops the fit with a FitError naming it and the iteration;
+the parent never blocks on a dead worker. When one
 worker of a model-parallel replica fails, its peers lose their pipes to it and report
 that too; the parent names the worker that failed first (an error it reported, or a
 death), not the peers that stopped because of it.
@@ -20,9 +28,9 @@ death), not the peers that stopped because of it.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import pickle
 import shutil
+import sys
 import tempfile
 import traceback
 from contextlib import contextmanager
@@ -42,12 +50,8 @@ from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import WorkerSpec, WorkerStep, grid_layout, reduce_shares
+from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, environment, limited, probe, thread_env
 
-#: Environment every worker starts with, so that numpy's BLAS runs one thread per process.
-SINGLE_THREAD_ENV = {
-    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-    "VECLIB_MAXIMUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1",
-}
 _STOP = b""
 #: Seconds the parent keeps listening, after a worker reports that it lost a peer, for the
 #: peer's own error report or death (the cause, which it names instead).
@@ -63,13 +67,19 @@ class _PeerLost(Exception):
 
 
 def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connection,
-                 peers: dict[int, Connection]) -> None:
+                 peers: dict[int, Connection], blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
     """A worker process: map its rows, then run one step per model received until told to stop."""
+    with limited(blas_threads):
+        _serve(spec, directory, model, control, peers)
+
+
+def _serve(spec: WorkerSpec, directory: str, model: Node, control: Connection, peers: dict[int, Connection]) -> None:
     try:
         for root in spec.roots:
             warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
         step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
+        probe(spec.name)
         control.send(("ready", None))
         iteration = 0
         while True:
@@ -126,24 +136,40 @@ def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dic
 
 
 @contextmanager
-def _single_thread_env():
-    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
-    os.environ.update(SINGLE_THREAD_ENV)
+def _main_hidden(model: Node):
+    """Inside the block, spawn's preparation data do not name the caller's ``__main__``, so
+    the workers started in it do not import (and run) the caller's script again.
+
+    Spawn records ``__main__.__spec__.name`` or ``__main__.__file__`` for the child to import
+    as ``__mp_main__``, only so that objects pickled from ``__main__`` resolve there. A
+    worker's arguments reference ``__main__`` only when some node's class is defined in it:
+    then nothing is hidden (and the script needs its main guard, as with any spawned worker).
+    """
+    main = sys.modules.get("__main__")
+    if main is None or any(type(node).__module__ == "__main__" for _, node in model.nodes()):
+        yield
+        return
+    missing = object()
+    saved = {k: main.__dict__.get(k, missing) for k in ("__file__", "__spec__")}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
     try:
         yield
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+            if v is missing:
+                main.__dict__.pop(k, None)
             else:
-                os.environ[k] = v
+                main.__dict__[k] = v
 
 
 class ProcessGrid:
     """The parent's side: one control pipe per worker, the workers' sentinels to notice deaths."""
 
-    def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float):
+    def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float,
+                 blas_threads: int | None = DEFAULT_BLAS_THREADS):
         self.job, self.directory, self.context = job, directory, context
+        self.blas_threads = blas_threads
         self.layout = grid_layout(job.model, job.plan)
         self.cells = [spec for row in self.layout for spec in row]  # in grid order, as the workers
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)
@@ -165,12 +191,12 @@ class ProcessGrid:
                     peer_ends[(r, i)][j] = a
                     peer_ends[(r, j)][i] = b
         child_ends = []
-        with _single_thread_env():
+        with environment(thread_env(self.blas_threads)), _main_hidden(job.model):
             for spec in self.cells:
                 parent, child = context.Pipe(duplex=True)
                 p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
                                     args=(spec, directory, spec.view.model_for(spec.shard, job.model), child,
-                                          peer_ends[(spec.replica, spec.shard)]))
+                                          peer_ends[(spec.replica, spec.shard)], self.blas_threads))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)
@@ -316,8 +342,10 @@ class MultiprocessingExecutor(BaseExecutor):
     """Worker processes on this machine, one per grid cell.
 
     ``start_method``: ``"spawn"`` or ``"forkserver"`` (a forked numpy with BLAS threads is not
-    safe); as with any spawned workers, a script that fits must guard its entry point with
-    ``if __name__ == "__main__":``. ``timeout_s``: the longest a worker may take for one iteration before the fit
+    safe); either way the workers do not import the caller's script, which needs no
+    ``if __name__ == "__main__":`` guard (see the module). ``blas_threads``: BLAS and OpenMP
+    threads per worker, and in the parent while the fit runs (default 1; ``None`` leaves them
+    as the environment sets them). ``timeout_s``: the longest a worker may take for one iteration before the fit
     stops (``None``: no limit; deaths are noticed regardless). ``startup_timeout_s``: the
     longest a worker may take to start and map its rows.
     """
@@ -325,7 +353,8 @@ class MultiprocessingExecutor(BaseExecutor):
     name: ClassVar[str] = "multiprocessing"
 
     def __init__(self, start_method: str = "spawn", timeout_s: float | None = None,
-                 startup_timeout_s: float = 120.0, tmp_dir: str | None = None):
+                 startup_timeout_s: float = 120.0, tmp_dir: str | None = None,
+                 blas_threads: int | None = DEFAULT_BLAS_THREADS):
         if start_method not in ("spawn", "forkserver"):
             raise ConfigError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         if timeout_s is not None and not timeout_s > 0:
@@ -334,10 +363,15 @@ class MultiprocessingExecutor(BaseExecutor):
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.tmp_dir = tmp_dir
+        self.blas_threads = check_blas_threads(blas_threads)
         #: pids of the running workers (grid order), while a fit runs.
         self.worker_pids: list[int] = []
 
     def run(self, job: FitJob) -> FitResult:
+        with limited(self.blas_threads):
+            return self._run(job)
+
+    def _run(self, job: FitJob) -> FitResult:
         scratch = None
         grid = None
         failed = True
@@ -348,7 +382,7 @@ class MultiprocessingExecutor(BaseExecutor):
                 scratch = tempfile.mkdtemp(prefix="emgrid-data-", dir=self.tmp_dir)
                 directory = str(NpyDataset.write(job.data, scratch).directory)
             grid = ProcessGrid(job, directory, mp.get_context(self.start_method), self.timeout_s,
-                               self.startup_timeout_s)
+                               self.startup_timeout_s, self.blas_threads)
             grid.start()
             self.worker_pids = grid.pids
             result = run_em(grid, job, self.name)
@@ -362,4 +396,5 @@ class MultiprocessingExecutor(BaseExecutor):
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r})"
+        return (f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r}, "
+                f"blas_threads={self.blas_threads!r})")
