@@ -4,8 +4,10 @@
 [model]              # spec = "model.json", or an inline spec table: [model.inline] family = ...
                      # (a template, with parameters left out, is filled from the data)
 [data]               # paths = ["x.npz"] | path = "x.npy" | synthetic = 10000 (sampled from `truth`, default the model)
+                     # path = "x.parquet" | "x.csv" (columns by name; drop_missing, sequence_id)
 [resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi"
-[executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2
+[executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2 (as [resources] workers),
+                     # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
                      # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
 [solver]             # time_limit_s, relative_gap, seed, num_workers
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from emgrid.models.errors import ConfigError
 
@@ -63,6 +65,10 @@ class DataSection(_Strict):
     synthetic: int | None = Field(default=None, gt=0)
     seed: int = 0
     truth: str | dict | None = None  # spec path or inline spec to sample synthetic rows from
+    #: a table's rows with a missing value are dropped (a warning says how many), not refused
+    drop_missing: bool = False
+    #: a table's column whose runs of equal values are the sequences of an HMM or Sequence
+    sequence_id: str | None = Field(default=None, min_length=1)
 
 
 class ResourcesSection(_Strict):
@@ -82,10 +88,28 @@ class ResourcesSection(_Strict):
 
 class ExecutorSection(_Strict):
     kind: Literal["local", "multiprocessing", "mpi"] = "local"
+    #: worker count, another name for ``[resources] workers`` (both given: they must agree)
     processes: int | None = Field(default=None, ge=1)
     #: seconds a worker may take to reach the end of an iteration before the fit stops
     #: naming it (multiprocessing and mpi; none by default)
     timeout_s: float | None = Field(default=None, gt=0)
+    #: BLAS and OpenMP threads per worker while the fit runs (``executors.threads``);
+    #: ``"inherit"`` leaves them as the environment sets them
+    blas_threads: StrictInt | Literal["inherit"] = Field(default=1)
+
+    @field_validator("blas_threads")
+    @classmethod
+    def _threads(cls, v):
+        if not isinstance(v, str) and v < 1:
+            raise ValueError(f"blas_threads must be an integer >= 1 or \"inherit\", got {v!r}")
+        return v
+
+    def executor_options(self) -> dict:
+        """The options of ``executors.get(kind, ...)`` this section sets."""
+        options = {"blas_threads": None if self.blas_threads == "inherit" else self.blas_threads}
+        if self.timeout_s is not None:
+            options["timeout_s"] = self.timeout_s
+        return options
 
     @model_validator(mode="after")
     def _timeout_needs_workers(self):
@@ -186,4 +210,23 @@ def parse_config(raw: dict, *, text: str = "", name: str = "<config>", base_dir:
     data_sources = [cfg.data.path is not None, cfg.data.paths is not None, cfg.data.synthetic is not None]
     if sum(data_sources) != 1:
         raise ConfigError(f"{name}: [data] needs exactly one of 'path', 'paths' or 'synthetic'")
+    check_worker_count(cfg, name)
     return cfg
+
+
+def check_worker_count(cfg: RunConfig, name: str = "<config>") -> None:
+    """``[executor] processes`` names the worker count as ``[resources] workers`` does; given
+    with a different ``workers``, or with resources that decide the count themselves (a
+    file, an MPI job), it would be ignored: a ConfigError naming both instead."""
+    processes, r = cfg.executor.processes, cfg.resources
+    if processes is None:
+        return
+    if r.workers is not None and r.workers != processes:
+        raise ConfigError(f"{name}: [executor] processes = {processes} disagrees with [resources] workers = "
+                          f"{r.workers}; give one of them, or both alike")
+    if r.file is not None:
+        raise ConfigError(f"{name}: [executor] processes = {processes} conflicts with [resources] file = "
+                          f"{r.file!r}, which lists the workers; remove one of them")
+    if r.detect == "mpi":
+        raise ConfigError(f"{name}: [executor] processes = {processes} conflicts with [resources] detect = 'mpi' "
+                          f"(the MPI job's ranks are the workers); remove one of them")

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 1 the fit did not converge within ``max_iter``; 2 bad input
 (config, model, data, resources); 3 the fit failed while running (a worker died, the
-statistics became non-finite).
+statistics became non-finite); 130 interrupted; 141 the reader of the output went away
+(``emgrid plan ... | head``: silent, as a command killed by SIGPIPE).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -19,6 +21,7 @@ from .predict import add_parser as add_predict_parser
 from .predict import cmd_predict, fit_summary
 
 EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     overrides(sp)
     sp.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
     sp.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    sp.add_argument("--max-iter", type=int, help="override [fit] max_iter")
+    sp.add_argument("--tol", type=float, help="override [fit] tol")
+    sp.add_argument("--output", help="override [fit] output (a folder, relative to the current one)")
+    sp.add_argument("--seed", type=int, help="override [fit] seed (a template's starts)")
     sp.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
 
     sp = sub.add_parser("advise", help="measure and say whether distributing helps")
@@ -55,7 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The command-line flag behind each config key it overrides (for their errors).
+_FLAGS = {"resources.workers": "--workers", "resources.memory": "--memory", "resources.flops_per_s": "--flops",
+          "fit.max_iter": "--max-iter", "fit.tol": "--tol", "fit.output": "--output", "fit.seed": "--seed"}
+
+
 def _config(args):
+    from pydantic import ValidationError
+
     from .config import RunConfig, load_config, parse_memory
 
     cfg = load_config(args.config)
@@ -75,7 +89,22 @@ def _config(args):
     ex = cfg.executor.model_dump()
     if args.executor:
         ex["kind"] = args.executor
-    return RunConfig.model_validate({**cfg.model_dump(), "resources": res, "executor": ex})
+    if args.workers is not None:
+        ex["processes"] = None  # --workers names the worker count for both
+    fit = cfg.fit.model_dump()
+    for key in ("max_iter", "tol", "output", "seed"):
+        value = getattr(args, key, None)
+        if value is not None:
+            fit[key] = str(Path(value).resolve()) if key == "output" else value
+    try:
+        return RunConfig.model_validate({**cfg.model_dump(), "resources": res, "executor": ex, "fit": fit})
+    except ValidationError as e:
+        from emgrid.models.errors import ConfigError
+
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        flag = _FLAGS.get(where, where)
+        raise ConfigError(f"{flag} {err.get('input')!r}: {err['msg']}") from None
 
 
 def _plan(cfg, model, n):
@@ -100,25 +129,30 @@ def cmd_plan(args) -> int:
     if args.picture:
         from .picture import draw_plan
 
-        draw_plan(plan, args.picture)
+        wrote = draw_plan(plan, args.picture)
+        print(f"emgrid: wrote the plan's picture to {wrote}", file=sys.stderr)
     return EXIT_OK
 
 
 def _n_rows(data):
+    """Rows of prepared data or of a dataset on disk."""
+    from emgrid.executors import NpyDataset
     from emgrid.models import n_rows
 
-    return n_rows(data)
+    return data.n_rows if isinstance(data, NpyDataset) else n_rows(data)
 
 
 def _under_mpiexec() -> bool:
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+    from .launch import under_mpiexec
+
+    return under_mpiexec()
 
 
 def cmd_fit(args) -> int:
     from emgrid.models import complete_shapes
 
     from .launch import RankRecord
-    from .session import build_data, build_model
+    from .session import build_data, build_model, table_dataset
 
     cfg = _config(args)
     if cfg.executor.kind == "mpi" and not _under_mpiexec():
@@ -127,10 +161,16 @@ def cmd_fit(args) -> int:
     if record is not None:
         record.started()
     model = build_model(cfg)
-    data = build_data(cfg, model)
-    model = complete_shapes(model, data)  # a template's sizes from the data, before planning
-    plan = _plan(cfg, model, _n_rows(data))
-    return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record)
+    # a .parquet / .csv file: every worker reads only its rows of it (the dataset's folder
+    # holds the row offsets and lives as long as the fit)
+    with tempfile.TemporaryDirectory(prefix="emgrid-table-") as scratch:
+        table = table_dataset(cfg, model, scratch)
+        data = table if table is not None else build_data(cfg, model)
+        # a template's sizes from the data, before planning
+        model = complete_shapes(model, table.open(lazy=True) if table is not None else data)
+        n = table.n_rows if table is not None else _n_rows(data)
+        plan = _plan(cfg, model, n)
+        return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record)
 
 
 def _launch_mpi(args, cfg) -> int:
@@ -140,14 +180,12 @@ def _launch_mpi(args, cfg) -> int:
     report (a rank died and ``mpiexec`` killed the others) is a failed fit: 3, and one line
     naming the rank, the iteration and the checkpoint (see ``emgrid.cli.launch``).
     """
-    from .launch import launch
+    from .launch import launch, mpi_command
     from .session import build_model, shaped_model
 
     model, n = shaped_model(cfg, build_model(cfg))
     plan = _plan(cfg, model, n)
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(plan.workers_used), sys.executable, "-m",
-           "emgrid.cli.main"] + (["--debug"] if args.debug else []) + ["fit"] + sys.argv[sys.argv.index("fit") + 1:]
+    cmd = mpi_command(plan.workers_used, ["fit"] + sys.argv[sys.argv.index("fit") + 1:], debug=args.debug)
     return launch(cmd, plan, cfg.resolve(cfg.fit.output), cfg.fit.max_iter)
 
 
@@ -188,7 +226,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
         current_model = so_far.model
         state["trace"].append(loglik)
         state["model"] = current_model
-        progress.update(done + iteration, loglik)
+        progress.update(done + iteration, loglik, so_far.timings[-1]["total"])
         if record is not None:
             record.progress(done + iteration)
         k = cfg.fit.checkpoint_every
@@ -199,11 +237,11 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     t0 = time.perf_counter()
     try:
         if remaining > 0:
-            limit = {} if cfg.executor.timeout_s is None else {"timeout_s": cfg.executor.timeout_s}
             f = cfg.fit
+            executor = get_executor(cfg.executor.kind, **cfg.executor.executor_options())
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ConvergenceWarning)
-                result = optimize(data, model, plan=plan, executor=get_executor(cfg.executor.kind, **limit),
+                result = optimize(data, model, plan=plan, executor=executor,
                                   max_iter=remaining, tol=f.tol, callback=callback, n_init=f.n_init, seed=f.seed,
                                   init=f.init, init_iter=f.init_iter, reg_covar=f.reg_covar,
                                   pseudo_count=f.pseudo_count)
@@ -264,35 +302,9 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
 
 
 def cmd_demo(args) -> int:
-    import numpy as np
+    from .demo import cmd_demo as demo
 
-    from emgrid.executors import optimize
-    from emgrid.planner import Resources, balance_plan
-
-    from .demo import demo_start, demo_truth
-    from .progress import Progress
-    from .report import compare_models, plan_table
-
-    truth = demo_truth()
-    data = truth.prepare(truth.sample(args.rows, np.random.default_rng(0)))
-    start = demo_start()
-    resources = Resources.local()
-    plan = balance_plan(start, resources, n_data=args.rows)
-    if not args.quiet:
-        print(f"model: {truth.describe()} of {start.children[0].describe()} "
-              f"({len(start.leaves())} leaves), {args.rows} rows sampled from the truth\n")
-        print(plan_table(plan))
-        print()
-    progress = Progress(60, quiet=args.quiet)
-    result = optimize(data, start, plan=plan, executor=args.executor, max_iter=60, tol=1e-8,
-                      callback=lambda i, ll, so_far: progress.update(i, ll))
-    progress.close()
-    if not args.quiet:
-        print(f"\n{result.iterations} iterations, converged={result.converged}, "
-              f"final log-likelihood {result.log_likelihood[-1]:.6g} "
-              f"(truth: {float(truth.log_density(data).sum()):.6g})\n")
-        print(compare_models(result.model, truth))
-    return EXIT_OK
+    return demo(args)
 
 
 def cmd_advise(args) -> int:
@@ -305,11 +317,24 @@ def cmd_advise(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # here, so that a reader that went away is noticed below
+    except BrokenPipeError:
+        # the reader of stdout (``| head``) is gone: stop quietly; stdout goes to /dev/null
+        # so that the interpreter's last flush at exit does not complain either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _run(args) -> int:
     from emgrid.models.errors import EmgridError, FitError
 
     handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise, "predict": cmd_predict}
     record = None
-    if args.command == "fit" and _under_mpiexec():
+    if args.command in ("fit", "demo") and _under_mpiexec():
         from .launch import RankRecord
 
         record = RankRecord.here()  # this is a rank of a job `emgrid fit` started: report to it

@@ -9,28 +9,64 @@ import numpy as np
 from emgrid.models import Node, complete_shapes, concat_rows, from_spec, load_model
 from emgrid.models.data import unflatten
 from emgrid.models.errors import ConfigError, DataError
+from emgrid.models.tables import FILE_SUFFIXES, Table, bind
 
 from .config import RunConfig
 
 
 def build_model(cfg: RunConfig) -> Node:
+    """The config's model; when its data are a table, every ``Categorical`` without a value
+    list takes its column's (``models.tables.bind``: only those columns are read)."""
     if cfg.model.spec is not None:
         path = cfg.resolve(cfg.model.spec)
         if not path.exists():
             raise ConfigError(f"[model] spec file {str(path)!r} does not exist")
-        return load_model(path)
-    return from_spec(cfg.model.inline)
+        model = load_model(path)
+    else:
+        model = from_spec(cfg.model.inline)
+    tables = _tables(cfg)
+    if tables:
+        try:
+            model = bind(model, tables[0])
+        except DataError as e:
+            raise DataError(f"[data] {e}") from None
+    return model
 
 
-def _load_file(path: Path):
+def _tables(cfg: RunConfig) -> list[Table]:
+    """The config's data files that are tables, with its ``drop_missing`` and ``sequence_id``."""
+    d = cfg.data
+    paths = [d.path] if d.path is not None else list(d.paths or [])
+    out = [Table(str(cfg.resolve(p)), sequence_id=d.sequence_id, drop_missing=d.drop_missing)
+           for p in paths if Path(p).suffix.lower() in FILE_SUFFIXES]
+    if (d.sequence_id is not None or d.drop_missing) and len(out) != len(paths):
+        raise ConfigError("[data] sequence_id and drop_missing apply to .parquet and .csv files only")
+    return out
+
+
+def table_dataset(cfg: RunConfig, model: Node, directory):
+    """The config's one ``.parquet`` / ``.csv`` file as a dataset whose workers read only
+    their rows (``NpyDataset.from_table``), or None when the data are something else."""
+    from emgrid.executors import NpyDataset
+
+    tables = _tables(cfg)
+    if len(tables) != 1 or cfg.data.paths is not None and len(cfg.data.paths) != 1 or tables[0].drop_missing:
+        return None
+    return NpyDataset.from_table(tables[0], model, directory)
+
+
+def _load_file(path: Path, cfg: RunConfig, model: Node):
     if not path.exists():
         raise ConfigError(f"[data] file {str(path)!r} does not exist")
+    if path.suffix.lower() in FILE_SUFFIXES:
+        d = cfg.data
+        return model.prepare(Table(str(path), sequence_id=d.sequence_id, drop_missing=d.drop_missing))
     if path.suffix == ".npy":
         return np.load(path, mmap_mode="r", allow_pickle=False)
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             return unflatten({k: z[k] for k in z.files})
-    raise ConfigError(f"[data] file {str(path)!r} must be .npy or .npz")
+    raise ConfigError(f"[data] file {str(path)!r} must be .npy, .npz, .parquet or .csv")
 
 
 def build_data(cfg: RunConfig, model: Node):
@@ -55,7 +91,11 @@ def build_data(cfg: RunConfig, model: Node):
         paths = [d.path] if d.path is not None else list(d.paths)
         if not paths:
             raise ConfigError("[data] paths is empty")
-        parts = [_load_file(cfg.resolve(p)) for p in paths]
+        _tables(cfg)
+        try:
+            parts = [_load_file(cfg.resolve(p), cfg, model) for p in paths]
+        except DataError as e:
+            raise DataError(f"[data] {e}") from None
         raw = parts[0] if len(parts) == 1 else concat_rows(parts)
     try:
         return model.prepare(raw)

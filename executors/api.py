@@ -3,7 +3,10 @@ the data (a template) or the given model, and run EM on the chosen executor."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 from time import perf_counter
 
 from emgrid.models import Node, n_rows
@@ -11,6 +14,7 @@ from emgrid.models.diagnose import fit_warnings
 from emgrid.models.errors import ConfigError, ConvergenceWarning
 from emgrid.models.init import INIT_METHODS, check_init, complete_shapes, initialize
 from emgrid.models.regularize import Regularization
+from emgrid.models.tables import as_table, bind, is_table
 from emgrid.planner.check import check_plan_structure
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
@@ -49,7 +53,10 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       reports every start).
 
     - ``data``: anything ``model.prepare`` accepts, or an :class:`NpyDataset` on disk (then
-      every worker maps only its own rows).
+      every worker maps only its own rows). A table (``models.tables``) is read by column
+      name; its categorical columns give the model's value lists (``models.tables.bind``),
+      and a ``.parquet`` or ``.csv`` file becomes a dataset whose workers read only their
+      rows (``NpyDataset.from_table``), unless ``drop_missing`` asks to read it whole.
     - ``plan``: the grid and placement to run; without one, the executor plans for
       ``resources`` (default: what the executor has at hand, e.g. this machine's cores).
       A given plan is checked against the model and data, and against ``resources`` when
@@ -81,6 +88,23 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
     reg = Regularization(reg_covar=reg_covar, pseudo_count=pseudo_count)
     reg = reg if reg.active else None
+    scratch = None
+    if is_table(data):
+        model = bind(model, data)
+        table = as_table(data)
+        if isinstance(table.source, (str, Path)) and not table.drop_missing:
+            scratch = tempfile.mkdtemp(prefix="emgrid-table-")
+            data = NpyDataset.from_table(table, model, scratch)
+    try:
+        result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    warn_about(result, max_iter, tol)
+    return result
+
+
+def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg):
     if isinstance(data, NpyDataset):
         prepared, n = data, data.n_rows
     else:
@@ -88,7 +112,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         n = n_rows(prepared)
     opened = None
     if model.is_template:  # a complete model's rows are opened by its workers only
-        opened = prepared.open() if isinstance(prepared, NpyDataset) else prepared
+        opened = prepared.open(lazy=True) if isinstance(prepared, NpyDataset) else prepared
         model = complete_shapes(model, opened)
     check_init(model, init)
     if plan is None:
@@ -108,7 +132,6 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     if starts:
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
-    warn_about(result, max_iter, tol)
     return result
 
 

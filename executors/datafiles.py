@@ -1,4 +1,6 @@
-"""Prepared data on disk: one ``.npy`` file per leaf column and per offsets array.
+"""Prepared data on disk: one ``.npy`` file per leaf column and per offsets array, or the
+columns of a ``.parquet`` / ``.csv`` file a model reads by name (``from_table``,
+``executors.tables``).
 
 Worker processes open a dataset memory-mapped and slice their own row range, so no
 process ever reads (or is sent) rows that are not its own. ``layout.json`` records how the
@@ -15,6 +17,9 @@ import numpy as np
 from emgrid.models import Node, Ragged, n_rows
 from emgrid.models.data import Data
 from emgrid.models.errors import DataError
+from emgrid.models.tables import Col, Seq, as_table, column_tree, group_offsets
+
+from . import tables
 
 LAYOUT = "layout.json"
 
@@ -58,8 +63,45 @@ class NpyDataset:
         (directory / LAYOUT).write_text(json.dumps({"layout": layout, "n_rows": n_rows(data)}))
         return cls(directory)
 
-    def open(self) -> Data:
-        """Every column, memory-mapped read-only (nothing is read until it is sliced and used)."""
+    @classmethod
+    def from_table(cls, data, model: Node, directory) -> "NpyDataset":
+        """A dataset over the columns of a ``.parquet`` or ``.csv`` file (a path or a
+        ``models.tables.Table`` of one) that ``model`` reads by name; ``model``'s
+        categoricals carry their value lists (``models.tables.bind``). Only the file's
+        metadata (a CSV: its row offsets) and a ``sequence_id`` column are read here."""
+        table = as_table(data)
+        if table.drop_missing:
+            raise DataError("drop_missing reads the whole table; read it into memory (models.tables.read_table)")
+        path = Path(table.source).resolve()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tree, _ = column_tree(model, table.sequence_id)
+        n_file, source = tables.file_rows(path, directory)
+        source["file"] = str(path)
+
+        def put(t):
+            if isinstance(t, Col):
+                values = model.node_at(t.path).values if t.kind == "cat" else None
+                return {"kind": "table", "source": source, "names": list(t.names), "leaf": t.kind,
+                        "values": None if values is None else list(values), "n": n_file}
+            if isinstance(t, Seq):
+                ids = tables.read_columns(directory, source, [table.sequence_id], 0, n_file)[table.sequence_id]
+                if ids[1] is not None:
+                    raise DataError(f"sequence_id column {table.sequence_id!r} has a missing value at row "
+                                    f"{int(np.argmax(ids[1]))}")
+                np.save(directory / "sequences.npy", group_offsets(ids[0], table.sequence_id))
+                return {"kind": "ragged", "values": put(t.values), "offsets": "sequences.npy"}
+            return {"kind": "tuple", "items": [put(c) for c in t]}
+
+        layout = put(tree)
+        n = n_file if table.sequence_id is None else int(np.load(directory / "sequences.npy", mmap_mode="r").size - 1)
+        (directory / LAYOUT).write_text(json.dumps({"layout": layout, "n_rows": n}))
+        return cls(directory)
+
+    def open(self, lazy: bool = False) -> Data:
+        """Every column, memory-mapped read-only (nothing is read until it is sliced and used);
+        a table's columns are read whole, or with ``lazy`` only the rows indexed
+        (``executors.tables.LazyColumn``)."""
 
         def get(node):
             kind = node["kind"]
@@ -69,6 +111,10 @@ class NpyDataset:
                 return tuple(get(c) for c in node["items"])
             if kind == "ragged":
                 return Ragged.unchecked(get(node["values"]), self._load(node["offsets"]))
+            if kind == "table":
+                if lazy:
+                    return tables.LazyColumn(self.directory, node)
+                return tables.read_rows(self.directory, node, 0, node["n"])
             return self._load(node["file"])
 
         return get(self.layout)
@@ -91,6 +137,8 @@ class NpyDataset:
                 offsets = self._load_range(node["offsets"], a, b + 1)
                 lo, hi = int(offsets[0]), int(offsets[-1])
                 return Ragged.unchecked(get(node["values"], lo, hi), offsets - lo)
+            if kind == "table":
+                return tables.read_rows(self.directory, node, a, b)
             return self._load_range(node["file"], a, b)
 
         return get(self.layout, start, stop)

@@ -18,8 +18,9 @@ from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
-from .schema import Children, Field, Param, Size, spec_field, spec_list, spec_repeat
+from .schema import Children, Field, Meta, Param, Size, spec_field, spec_list, spec_repeat
 from .stats import OwnStats, Stats
+from .tables import is_table, read_table
 from .answers import Answering
 from .template import Templated
 from .tree import batch_class, child_path
@@ -100,6 +101,9 @@ class Node(Templated, Answering):
                 continue
             if isinstance(f, Size):
                 continue
+            if isinstance(f, Meta):
+                setattr(self, f.name, values.get(f.name))
+                continue
             value = values.get(f.name)
             if value is None:
                 fields[f.name] = None
@@ -160,7 +164,12 @@ class Node(Templated, Answering):
         raise NotImplementedError
 
     def prepare(self, data) -> Data:
-        """Converts user data to the canonical encoding and checks it; raises DataError."""
+        """Converts user data to the canonical encoding and checks it; raises DataError.
+
+        A table (``models.tables``: a DataFrame, a pyarrow Table, a dict of columns, a
+        ``.parquet`` or ``.csv`` path, a ``Table``) is read by column name first."""
+        if is_table(data):
+            data = read_table(self, data)
         data = self._prepare(data, "data")
         if n_rows(data) == 0:
             raise DataError("data has no rows; at least one row is required")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Leaf
-from .columns import int_column
+from .columns import encode_values, int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, PROB_FLOOR
-from .schema import SIMPLEX, Param, Size
+from .schema import SIMPLEX, Meta, Param, Size
 from .units import SLOW_FLOPS
 
 
@@ -36,14 +36,48 @@ def _lookup(logp: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_values(values, family: str = "Categorical") -> tuple | None:
+    """A value list as a tuple of distinct JSON scalars (strings, integers, booleans)."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ModelError(f"{family}.values must be a list of distinct values, got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, (str, int, bool)):
+            raise ModelError(f"{family}.values must hold strings, integers or booleans, got {v!r}")
+        out.append(v)
+    if not out:
+        raise ModelError(f"{family}.values must hold at least one value, got 0")
+    if len({(type(v), v) for v in out}) != len(out):
+        seen = set()
+        dup = next(v for v in out if (type(v), v) in seen or seen.add((type(v), v)))
+        raise ModelError(f"{family}.values must be distinct, got {dup!r} twice")
+    return tuple(out)
+
+
 class Categorical(Leaf):
     family = "Categorical"
-    schema = (Size("n_values", of="probs", from_data=True), Param("probs", 1, SIMPLEX, shape=("n_values",)))
+    schema = (Size("n_values", of="probs", from_data=True), Param("probs", 1, SIMPLEX, shape=("n_values",)),
+              Meta("values"))
 
-    def __init__(self, probs=None, *, n_values: int | None = None):
+    def __init__(self, probs=None, *, n_values: int | None = None, values=None):
         """``Categorical(probs)``, or a template: ``Categorical(n_values=V)``, or
-        ``Categorical()`` whose ``V`` is the largest value of its data column plus one."""
-        self._init_fields(probs=probs, n_values=n_values)
+        ``Categorical()`` whose ``V`` is the largest value of its data column plus one.
+
+        ``values`` lists what each code stands for, in code order (strings, integers or
+        booleans): tables are encoded with it, and data that are not integers are looked
+        up in it. A fit from a table sets it from the column (``models.tables.bind``)."""
+        values = check_values(values)
+        if values is not None and probs is None and n_values is None:
+            n_values = len(values)
+        self._init_fields(probs=probs, n_values=n_values, values=values)
+        if values is not None and self.n_values is not None and len(values) != self.n_values:
+            raise ModelError(f"Categorical.values has {len(values)} value(s) but n_values is {self.n_values}")
         if self.probs is not None:
             with np.errstate(divide="ignore"):
                 self._logp = np.log(self.probs)
@@ -59,6 +93,12 @@ class Categorical(Leaf):
         return "int"
 
     def _prepare(self, data, where):
+        kind = np.asarray(data).dtype.kind if isinstance(data, (np.ndarray, list)) else ""
+        if self.values is not None and kind in "USO" and kind:
+            return encode_values(np.asarray(data), self.values, where)
+        if kind and kind in "USO":
+            raise DataError(f"{where}: Categorical reads integer codes 0..V-1, got dtype {np.asarray(data).dtype}; "
+                            f"give Categorical(values=[...]) or read a table (models.tables), which encodes them")
         x = int_column(data, where, self.family)
         if self.n_values is None:
             if x.size and x.min() < 0:
@@ -92,7 +132,7 @@ class Categorical(Leaf):
         total = counts.sum()
         if total < MIN_WEIGHT:
             return self
-        return Categorical(floor_probs(counts / total))
+        return Categorical(floor_probs(counts / total), values=self.values)
 
     def _sample(self, n, rng):
         return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)

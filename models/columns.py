@@ -52,6 +52,57 @@ def int_column(data, where: str, family: str) -> np.ndarray:
     return x.astype(np.int64, copy=False)
 
 
+def value_list(x: np.ndarray, where: str) -> list:
+    """The distinct values of a raw column in code order (sorted), as JSON scalars; floats
+    only when every one is integral."""
+    x = np.asarray(x)
+    if x.dtype.kind == "f":
+        bad = x[x != np.round(x)]
+        if bad.size:
+            raise DataError(f"{where}: a categorical column holds floats; only integral floats are taken, got {bad[0]!r}")
+        x = x.astype(np.int64)
+    if x.dtype.kind == "O":
+        kinds = {type(v) for v in x.tolist()}
+        if len(kinds) > 1:
+            raise DataError(f"{where}: a categorical column must hold values of one type, got "
+                            f"{', '.join(sorted(k.__name__ for k in kinds))}")
+    try:
+        uniq = np.unique(x)
+    except TypeError as e:
+        raise DataError(f"{where}: the values of a categorical column cannot be ordered ({e})") from None
+    return [v.item() if isinstance(v, np.generic) else v for v in uniq.tolist()]
+
+
+def _key(v):
+    """A lookup key that keeps ``True`` apart from ``1`` and ``"1"`` apart from ``1``."""
+    return (bool, v) if isinstance(v, (bool, np.bool_)) else ((int, int(v)) if isinstance(v, (int, np.integer)) else (type(v), v))
+
+
+def encode_values(x: np.ndarray, values: tuple, where: str) -> np.ndarray:
+    """Codes (int64) of a raw column under a value list; an unseen value is a DataError
+    naming ``where`` and the value."""
+    x = np.asarray(x)
+    if x.dtype.kind == "f":
+        bad = x[x != np.round(x)]
+        if bad.size:
+            raise DataError(f"{where}: a categorical column holds floats; only integral floats are taken, got {bad[0]!r}")
+        x = x.astype(np.int64)
+    try:
+        uniq, inverse = np.unique(x, return_inverse=True)
+    except TypeError:  # values of mixed types: the first that does not belong is unseen
+        uniq, inverse = np.array(list(dict.fromkeys(x.tolist())), dtype=object), None
+    code = {_key(v): i for i, v in enumerate(values)}
+    table = np.empty(uniq.size, dtype=np.int64)
+    for j, v in enumerate(uniq.tolist()):
+        if _key(v) not in code:
+            shown = ", ".join(repr(a) for a in values[:8]) + (", ..." if len(values) > 8 else "")
+            raise DataError(f"{where}: value {v!r} was not seen when the model was fitted (its values: {shown})")
+        table[j] = code[_key(v)]
+    if inverse is None:
+        return np.array([code[_key(v)] for v in x.tolist()], dtype=np.int64)
+    return table[inverse.reshape(-1)]
+
+
 def prepare_by_any(children: tuple[Node, ...], data, where: str) -> Data:
     """Data of a node whose children share one data type (a mixture's components, an HMM's
     emissions), prepared by the first child whose support holds every row.

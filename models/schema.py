@@ -3,7 +3,8 @@ and parameter count follow.
 
 A family lists its fields in ``schema``, in spec order: :class:`Param` for a numeric
 parameter, :class:`Children` for its child nodes, :class:`Size` for a size a template states
-because its data cannot (a vector leaf's ``dim``). ``Node._init_fields`` checks the values
+because its data cannot (a vector leaf's ``dim``), :class:`Meta` for names and encodings
+(a record's field names, a categorical's values). ``Node._init_fields`` checks the values
 given to a constructor against it and sets them; ``params()``, ``to_spec()``,
 ``from_spec()`` and ``n_parameters()`` read it.
 
@@ -168,7 +169,27 @@ class Size:
         return int(value)
 
 
-Field = Param | Children | Size
+@dataclass(frozen=True)
+class Meta:
+    """A field that is no number to fit and no size: names and encodings a node keeps as
+    given, such as a record's field names or a categorical's values in code order.
+
+    The family checks its value in its constructor; it is written to specs when set (a
+    JSON list or mapping) and left out when None.
+    """
+
+    name: str
+
+    def to_json(self, value):
+        """The value with tuples as lists, as a spec file holds it."""
+        if isinstance(value, (tuple, list)):
+            return [self.to_json(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.to_json(v) for k, v in value.items()}
+        return value
+
+
+Field = Param | Children | Size | Meta
 
 
 # ---------------------------------------------------------------- value checks

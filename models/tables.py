@@ -1,0 +1,341 @@
+"""Tables as data: a model with named record fields reads a table's columns by name.
+
+A *table* is a pandas DataFrame (when pandas is installed), a pyarrow Table or RecordBatch,
+a dict of equal-length 1-D arrays, or the path of a ``.parquet`` or ``.csv`` file (read
+with pyarrow); :class:`Table` wraps any of them with how to read it (``sequence_id``,
+``drop_missing``). Every ``model.prepare`` accepts one; so do ``optimize`` and
+``[data] path``.
+
+- A ``Composite`` with named fields maps each field to its column(s)
+  (``Composite.column_names``); a mixture's components read the same columns.
+- A ``Categorical`` reads its column through its value list (``values``, in code order),
+  which :func:`bind` takes from the column when a fit starts: strings, integers and
+  booleans, and floats only when every one is integral; an unseen value is refused.
+- A missing value (null, NaN, an empty CSV field) is refused naming the column and the
+  first row, unless ``drop_missing`` asks to drop those rows (a warning says how many).
+- With ``sequence_id``, the rows of one sequence (an ``HMM``'s or a ``Sequence``'s
+  positions) are the rows sharing that column's value; those rows must be contiguous and in
+  order (an event log sorted by id); they are not re-sorted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .columns import encode_values, value_list
+from .data import Data, Ragged
+from .errors import DataError
+from .schema import Children
+from .tree import child_path
+
+if TYPE_CHECKING:
+    from .base import Node
+
+FILE_SUFFIXES = (".parquet", ".csv")
+
+
+def pyarrow_module(name: str = "pyarrow"):
+    """``pyarrow`` or one of its modules, imported when a table first needs it (an optional
+    dependency: ``pip install 'emgrid[tables]'``)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise DataError("reading .parquet and .csv files needs pyarrow: pip install 'emgrid[tables]'") from None
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table with how to read it: ``source`` (see the module), ``sequence_id`` (the
+    column whose runs of equal values are the sequences), ``drop_missing`` (drop rows
+    with a missing value instead of refusing them)."""
+
+    source: object
+    sequence_id: str | None = None
+    drop_missing: bool = False
+
+
+def is_table(data) -> bool:
+    """Whether ``data`` is read by column name (see the module)."""
+    if isinstance(data, Table):
+        return True
+    if isinstance(data, (str, Path)):
+        return Path(data).suffix.lower() in FILE_SUFFIXES
+    if isinstance(data, dict):
+        return bool(data) and all(isinstance(k, str) for k in data)
+    mod = type(data).__module__ or ""
+    return (mod.startswith("pandas") and hasattr(data, "columns")) or (
+        mod.startswith("pyarrow") and hasattr(data, "column_names"))
+
+
+def as_table(data) -> Table:
+    return data if isinstance(data, Table) else Table(data)
+
+
+# ---------------------------------------------------------------- which columns a model reads
+@dataclass(frozen=True)
+class Col:
+    """The columns one leaf position of the data reads: ``kind`` is float, int, cat or vec."""
+
+    names: tuple[str, ...]
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Sequences of the rows of a long table, grouped by its ``sequence_id`` column; each
+    position reads ``values`` (a column tree)."""
+
+    values: object
+
+
+def column_tree(model: "Node", sequence_id: str | None = None):
+    """How the model's data are built from columns: a :class:`Col`, a tuple of trees (a
+    record) or a :class:`Seq` (sequences from ``sequence_id``). Also returns every leaf's
+    columns by path (a mixture's components read the same columns)."""
+    reads: dict[str, Col] = {}
+    tree = _walk(model, "", None, sequence_id, reads)
+    return tree, reads
+
+
+def _where(path: str) -> str:
+    return repr(path) if path else "'<root>'"
+
+
+def _walk(node, path, names, sequence_id, reads):
+    if node.is_leaf:
+        if names is None:
+            raise DataError(f"the {node.family} at path {_where(path)} has no column name: a table is read through "
+                            f"a Composite with named fields, e.g. Composite({{'x': {node.family}(...)}})")
+        t = node.data_type()
+        if t.startswith("vec["):
+            d = int(t[4:-1])
+            if len(names) != d:
+                raise DataError(f"the {node.family} at path {_where(path)} reads {d} columns, but its field "
+                                f"names {len(names)}: {list(names)}")
+            col = Col(names, "vec", path)
+        else:
+            if len(names) != 1:
+                raise DataError(f"the {node.family} at path {_where(path)} reads one column, got {list(names)}")
+            col = Col(names, "cat" if node.family == "Categorical" else t, path)
+        reads[path] = col
+        return col
+    if node.reads_ragged:
+        if sequence_id is None:
+            raise DataError(f"the {node.family} at path {_where(path)} reads sequences: give the column that "
+                            f"groups a table's rows into sequences (sequence_id=..., [data] sequence_id)")
+        subs = [_walk(c, child_path(path, i), names, None, reads) for i, c in enumerate(node.children)]
+        return Seq(subs[0])
+    if node.shares_child_data:
+        subs = [_walk(c, child_path(path, i), names, sequence_id, reads) for i, c in enumerate(node.children)]
+        return subs[0]
+    if getattr(node, "fields", None) is None:
+        raise DataError(f"the {node.family} at path {_where(path)} has positional fields; name them to read a "
+                        f"table (Composite({{'name': child, ...}}))")
+    return tuple(_walk(c, child_path(path, i), node.column_names(i), sequence_id, reads)
+                 for i, c in enumerate(node.children))
+
+
+def needed_columns(tree) -> list[str]:
+    out: list[str] = []
+
+    def visit(t):
+        if isinstance(t, Col):
+            out.extend(n for n in t.names if n not in out)
+        elif isinstance(t, Seq):
+            visit(t.values)
+        else:
+            for s in t:
+                visit(s)
+
+    visit(tree)
+    return out
+
+
+# ---------------------------------------------------------------- columns as numpy
+def column_arrays(col) -> tuple[np.ndarray, np.ndarray | None]:
+    """A pandas Series, pyarrow (Chunked)Array or array-like as ``(values, missing)``:
+    ``missing`` marks nulls and NaN (None when there are none)."""
+    mod = type(col).__module__ or ""
+    if mod.startswith("pyarrow"):
+        pa = pyarrow_module()
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+        values = col.to_numpy(zero_copy_only=False)
+    elif mod.startswith("pandas"):
+        missing = np.asarray(col.isna())
+        missing = missing if missing.any() else None
+        values = col.to_numpy()
+    else:
+        values = np.asarray(col)
+        missing = None
+        if values.dtype.kind == "O":
+            missing = np.array([v is None for v in values.tolist()], dtype=bool)
+            missing = missing if missing.any() else None
+    if values.dtype.kind == "f":
+        nan = np.isnan(values)
+        if nan.any():
+            missing = nan if missing is None else (missing | nan)
+    if values.dtype.kind == "O" and missing is None:
+        floats = [i for i, v in enumerate(values.tolist()) if isinstance(v, float) and v != v]
+        if floats:
+            missing = np.zeros(values.size, dtype=bool)
+            missing[floats] = True
+    return values, missing
+
+
+def read_columns(source, names: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """The named columns of an in-memory table or a whole file, as :func:`column_arrays`."""
+    if isinstance(source, (str, Path)):
+        source = read_file(Path(source), names)
+    if isinstance(source, dict):
+        have = list(source)
+    elif hasattr(source, "column_names"):
+        have = list(source.column_names)
+    else:
+        have = [str(c) for c in source.columns]
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise DataError(f"the table has no column {missing[0]!r} (it has: {', '.join(have[:12])})")
+    out = {}
+    for n in names:
+        col = source[n] if not hasattr(source, "column") else source.column(n)
+        out[n] = column_arrays(col)
+    lengths = {n: v.shape[0] for n, (v, _) in out.items()}
+    if len(set(lengths.values())) > 1:
+        raise DataError(f"the table's columns differ in length: {lengths}")
+    return out
+
+
+def read_file(path: Path, names: list[str] | None = None):
+    """A ``.parquet`` or ``.csv`` file's columns ``names`` as a pyarrow Table (pyarrow
+    needed: ``pip install emgrid[tables]``)."""
+    if not path.exists():
+        raise DataError(f"data file {str(path)!r} does not exist")
+    if path.suffix.lower() == ".parquet":
+        return pyarrow_module("pyarrow.parquet").read_table(path, columns=names)
+    pcsv = pyarrow_module("pyarrow.csv")
+    opts = pcsv.ConvertOptions(include_columns=names, strings_can_be_null=True) if names else None
+    return pcsv.read_csv(path, convert_options=opts)
+
+
+# ---------------------------------------------------------------- the model and its data
+def bind(model: "Node", data) -> "Node":
+    """``model`` with a value list on every ``Categorical`` that reads a column of the
+    table ``data`` and has none (the column's distinct values, sorted; only those columns
+    are read). A ``Categorical(n_values=V)`` (or a complete one) whose column holds codes
+    ``0..V-1`` keeps them: its values are ``0..V-1``."""
+    table = as_table(data)
+    _, reads = column_tree(model, table.sequence_id)
+    todo = {p: c for p, c in reads.items() if c.kind == "cat" and model.node_at(p).values is None}
+    if not todo:
+        return model
+    cols = read_columns(table.source, sorted({c.names[0] for c in todo.values()}))
+    found = {}
+    for name, (x, miss) in cols.items():
+        found[name] = value_list(x if miss is None else x[~miss], f"column {name!r}")
+    new = {}
+    for p, c in todo.items():
+        leaf, values = model.node_at(p), found[c.names[0]]
+        v = leaf.n_values
+        if v is not None and all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a < v for a in values):
+            values = list(range(v))
+        elif v is not None and len(values) != v:
+            raise DataError(f"column {c.names[0]!r} holds {len(values)} distinct value(s) but the Categorical at "
+                            f"path {_where(p)} has n_values={v}")
+        new[p] = leaf.with_fields(values=values)
+    return replace_nodes(model, new)
+
+
+def replace_nodes(node: "Node", new: dict, path: str = "") -> "Node":
+    """The tree with the nodes at the paths of ``new`` replaced."""
+    if path in new:
+        return new[path]
+    if node.is_leaf:
+        return node
+    kids = [replace_nodes(c, new, child_path(path, i)) for i, c in enumerate(node.children)]
+    if all(a is b for a, b in zip(kids, node.children)):
+        return node
+    f = next(f for f in node.schema if isinstance(f, Children))
+    return node.with_fields(**{f.name: kids if f.many else kids[0]})
+
+
+def read_table(model: "Node", data) -> Data:
+    """The table's columns the model reads, assembled into its encoding (tuples for
+    records, ``Ragged`` for sequences); categorical columns encoded with their value lists."""
+    table = as_table(data)
+    tree, _ = column_tree(model, table.sequence_id)
+    names = needed_columns(tree) + ([table.sequence_id] if table.sequence_id else [])
+    cols = read_columns(table.source, list(dict.fromkeys(names)))
+    keep = missing_rows(cols, table.drop_missing)
+    if keep is not None:
+        cols = {n: (x[keep], None) for n, (x, _) in cols.items()}
+    offsets = None
+    if table.sequence_id is not None:
+        offsets = group_offsets(cols[table.sequence_id][0], table.sequence_id)
+    return assemble(model, tree, {n: x for n, (x, _) in cols.items()}, offsets)
+
+
+def missing_rows(cols: dict, drop: bool, first_row: int = 0) -> np.ndarray | None:
+    """None when no value is missing; else refuses naming the column and first row, or
+    (``drop``) returns the mask of rows kept and warns how many were dropped."""
+    bad = None
+    for name, (_, miss) in cols.items():
+        if miss is None:
+            continue
+        if not drop:
+            row = first_row + int(np.argmax(miss))
+            raise DataError(f"column {name!r} has a missing value (null, NaN or an empty field) at row {row}; "
+                            f"drop such rows with drop_missing=True ([data] drop_missing = true)")
+        bad = miss.copy() if bad is None else (bad | miss)
+    if bad is None:
+        return None
+    warnings.warn(f"dropped {int(bad.sum())} of {bad.size} rows with a missing value", UserWarning, stacklevel=3)
+    return ~bad
+
+
+def group_offsets(ids: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
+    """Offsets of the runs of equal ``ids`` (one sequence each); a value in two runs is
+    refused, since rows of one sequence must be contiguous."""
+    n = ids.shape[0]
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    change = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    starts = np.concatenate([[0], change]).astype(np.int64)
+    firsts = ids[starts]
+    uniq, first_at = np.unique(firsts, return_index=True)
+    if uniq.size != starts.size:
+        seen = np.zeros(starts.size, dtype=bool)
+        seen[first_at] = True
+        j = int(np.argmin(seen))
+        value = firsts[j]
+        earlier = int(starts[np.flatnonzero(firsts[:j] == value)[0]])
+        raise DataError(f"sequence_id column {name!r}: value {value!r} appears in separate runs (rows "
+                        f"{first_row + earlier} and {first_row + int(starts[j])}); the rows of one sequence must be "
+                        f"contiguous and in order (sort the table by {name!r}, keeping the order within each)")
+    return np.concatenate([starts, [n]]).astype(np.int64)
+
+
+def assemble(model: "Node", tree, cols: dict[str, np.ndarray], offsets: np.ndarray | None) -> Data:
+    """The model's data from raw columns by name, as :func:`column_tree` lays it out."""
+    if isinstance(tree, Col):
+        if tree.kind == "vec":
+            return np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in tree.names])
+        x = cols[tree.names[0]]
+        if tree.kind == "cat":
+            leaf = model.node_at(tree.path)
+            if leaf.values is not None:
+                return encode_values(x, leaf.values, f"column {tree.names[0]!r}")
+        return x
+    if isinstance(tree, Seq):
+        return Ragged(assemble(model, tree.values, cols, None), offsets)
+    return tuple(assemble(model, t, cols, offsets) for t in tree)
