@@ -52,15 +52,21 @@ def int_column(data, where: str, family: str) -> np.ndarray:
     return x.astype(np.int64, copy=False)
 
 
-def value_list(x: np.ndarray, where: str) -> list:
-    """The distinct values of a raw column in code order (sorted), as JSON scalars; floats
-    only when every one is integral."""
+def _integral_if_float(x, where: str) -> np.ndarray:
+    """A raw categorical column as an array; floats become int64 when every one is integral."""
     x = np.asarray(x)
     if x.dtype.kind == "f":
         bad = x[x != np.round(x)]
         if bad.size:
             raise DataError(f"{where}: a categorical column holds floats; only integral floats are taken, got {bad[0]!r}")
         x = x.astype(np.int64)
+    return x
+
+
+def value_list(x: np.ndarray, where: str) -> list:
+    """The distinct values of a raw column in code order (sorted), as JSON scalars; floats
+    only when every one is integral."""
+    x = _integral_if_float(x, where)
     if x.dtype.kind == "O":
         kinds = {type(v) for v in x.tolist()}
         if len(kinds) > 1:
@@ -81,12 +87,7 @@ def _key(v):
 def encode_values(x: np.ndarray, values: tuple, where: str) -> np.ndarray:
     """Codes (int64) of a raw column under a value list; an unseen value is a DataError
     naming ``where`` and the value."""
-    x = np.asarray(x)
-    if x.dtype.kind == "f":
-        bad = x[x != np.round(x)]
-        if bad.size:
-            raise DataError(f"{where}: a categorical column holds floats; only integral floats are taken, got {bad[0]!r}")
-        x = x.astype(np.int64)
+    x = _integral_if_float(x, where)
     try:
         uniq, inverse = np.unique(x, return_inverse=True)
     except TypeError:  # values of mixed types: the first that does not belong is unseen
