@@ -105,6 +105,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.em_speed import cpu_name  # noqa: E402
+
 from emgrid import optimize  # noqa: E402
 from emgrid.models import (Categorical, Composite, FullGaussian, Mixture, Poisson, Sequence,  # noqa: E402
                            from_spec)
@@ -476,16 +478,6 @@ def markdown(report):
               "the fit; emgrid's relative tol is set to the other library's criterion at its final "
               "log-likelihood). The digits ARI (k-means of each image's state occupancy vs digit class) is a weak proxy. mixle on the synthetic nest: its sequence of Poissons without a length model is refused inside a mixture (the error above); with a length model its log-likelihood would carry a length term emgrid's has not, so it is left out.", ""]
     return "\n".join(lines)
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 LOADERS = {"iris": load_iris, "wine": load_wine_plain, "wine-record": load_wine_record, "digits": load_digits,
