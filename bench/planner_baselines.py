@@ -3,8 +3,12 @@
 - ``mixle``: the mixle package's own ``balance_plan`` (0.8.x) run on the *equivalent mixle
   model* (same families, parameters and nesting); its grid, axis and contiguous cuts are
   mapped back onto emgrid's leaves (leaves outside mixle's chosen axis go to shard 0, the
-  nearest emgrid equivalent of mixle replicating them) and its rows are split equally, as
-  mixle does;
+  nearest emgrid equivalent of mixle replicating them). Its rows are those mixle's own data
+  chunking gives (``mixle.utils.parallel.planner._chunk_ranges``: proportional to
+  throughput, here each replica's slowest worker's, floors topped up where the share is
+  most short), and its workers are placed in the best of three orders (the resources'
+  order, fastest first by replica, fastest first by shard), all priced and the fastest
+  fitting one kept;
 - ``lpt`` and ``contiguous``: the planner's own heuristics on single leaves, for the best
   fitting grid ``D = min(n, P // M)`` over ``M`` in 1..64 and the powers of two beyond;
 - ``megatron``: the smallest ``M`` whose equal-count contiguous split fits, ``D = P // M``.
@@ -20,7 +24,8 @@ from emgrid.models.base import Node
 from emgrid.planner import BalancePlan, Resources, plan_from_assignment
 from emgrid.planner.costing import model_facts, replica_rows
 from emgrid.planner.heuristics import columns, contiguous, equal_count, lpt
-from emgrid.planner.placement import default_layout
+from emgrid.planner.placement import default_layout, make_layout
+from emgrid.planner.search import shard_counts
 from emgrid.planner.units import build_units
 
 
@@ -92,6 +97,23 @@ def equal_rows(n: int, d: int) -> list[int]:
     return [n // d + (1 if r < n % d else 0) for r in range(d)]
 
 
+def mixle_rows(n: int, throughput) -> list[int]:
+    """Rows by mixle's chunking rule (``_chunk_ranges``): ``floor(w n)`` with ``w`` the
+    normalized throughputs, one more where ``w - rows / n`` is largest until they sum to
+    ``n``; a replica left without rows takes one from the largest (emgrid needs >= 1)."""
+    w = np.asarray(throughput, dtype=np.float64)
+    w = w / w.sum()
+    rows = np.floor(w * n).astype(int)
+    while rows.sum() < n:
+        rows[int(np.argmax(w - rows / float(n)))] += 1
+    while rows.sum() > n:
+        rows[int(np.argmax(rows))] -= 1
+    while (rows < 1).any():
+        rows[int(np.argmax(rows))] -= 1
+        rows[int(np.argmin(rows))] += 1
+    return [int(r) for r in rows]
+
+
 def mixle_plan(model: Node, resources: Resources, n_data: int) -> tuple[BalancePlan, dict]:
     """mixle's plan on the equivalent mixle model, as an emgrid plan, and mixle's own claims."""
     from mixle.stats.compute.decomposition import decomposition_for
@@ -122,25 +144,24 @@ def mixle_plan(model: Node, resources: Resources, n_data: int) -> tuple[BalanceP
     shard = {p: relabel[s] for p, s in shard.items()}
     m_eff = len(used)
     names = [w.name for w in resources.workers]
-    placement = [[names[r * m + s] for s in range(m_eff)] for r in range(d)]
-    plan = plan_from_assignment(model, resources, n_data, data_parallel=d, model_parallel=m_eff, shard_of_leaf=shard,
-                                placement=placement, replica_rows=equal_rows(n_data, d),
-                                rationale=f"mixle: {mp.rationale}")
-    return plan, {"mixle_fits": mp.fits, "mixle_grid": f"{d}x{m}", "mixle_axis": mp.extra.get("best_axis")}
+    speeds = np.array([w.flops_per_s for w in resources.workers])
+    orders = {"resources": [[r * m + s for s in range(m_eff)] for r in range(d)],
+              "speed/chunked": [list(row) for row in make_layout(resources, d, m_eff, "speed", "chunked").grid],
+              "speed/striped": [list(row) for row in make_layout(resources, d, m_eff, "speed", "striped").grid]}
+    best, how = None, None
+    for order, grid in orders.items():
+        rows = mixle_rows(n_data, speeds[np.asarray(grid)].min(axis=1))
+        plan = plan_from_assignment(model, resources, n_data, data_parallel=d, model_parallel=m_eff,
+                                    shard_of_leaf=shard, placement=[[names[i] for i in row] for row in grid],
+                                    replica_rows=rows, rationale=f"mixle: {mp.rationale}")
+        key = (plan.fits is False, plan.objective_s)
+        if best is None or key < (best.fits is False, best.objective_s):
+            best, how = plan, order
+    return best, {"mixle_fits": mp.fits, "mixle_grid": f"{d}x{m}", "mixle_axis": mp.extra.get("best_axis"),
+                  "mixle_order": how}
 
 
 # ---------------------------------------------------------------- heuristic planners
-def shard_counts(n_workers: int, n_leaves: int) -> list[int]:
-    top = min(n_workers, n_leaves)
-    out = set(range(1, min(top, 64) + 1))
-    k = 128
-    while k <= top:
-        out.add(k)
-        k *= 2
-    out.add(top)
-    return sorted(out)
-
-
 def heuristic_plan(model: Node, resources: Resources, n_data: int, name: str) -> BalancePlan | None:
     """The best fitting plan of one leaf-level heuristic over the grids ``D = min(n, P // M)``."""
     facts = model_facts(model)

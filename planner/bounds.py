@@ -13,7 +13,11 @@ parameters). For a layout with per-column seconds per FLOP-row
 ``a_s = max_r rows_r / speed(r, s)``:
 
 - compute ``>= max( (TF + (m-1) F_split(m)) / sum_s 1/a_s,  min_s a_s * chain_F )``,
-  because ``F_s <= T / a_s``;
+  because ``F_s <= T / a_s``; with node visits (``K``, ``c = NODE_CALL_S``, ``beta`` the
+  blocks of the replica of most rows times ``c``, ``a*`` that replica's ``a``) also
+  ``>= ((TF + (m-1) F_split) + beta min_s(1/a*_s) (TK + (m-1) K_split)) / sum_s 1/a*_s``,
+  ``>= beta (TK + (m-1) K_split) / m`` (the shard of most visits) and ``>= beta chain_K``
+  (:meth:`Bounds.grid_bound` with ``beta`` from ``ceil(n/d)`` rows);
 - coupling ``>= ceil(rows_max / B) L(m) lat + rows_max (m-1)/m C_min(m) / bw``;
 - reduce ``>= L(d) (lat + max((TS + (m-1) S_split(m)) / m, chain_S) / bw)``; broadcast
   likewise with parameters, plus ``L(m) (lat + P_split(m) / bw)``.
@@ -47,7 +51,7 @@ from .facts import ModelFacts
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
-SPLIT_FIELDS = ("flops", "stat", "param", "fixed", "work")
+SPLIT_FIELDS = ("flops", "stat", "param", "fixed", "work", "calls")
 
 
 class Bounds:
@@ -61,7 +65,7 @@ class Bounds:
         fixed = fixed_bytes(facts.param, facts.stat)
         zeros = np.zeros(facts.n_nodes)
         pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
-        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_split, zeros])
+        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_split, facts.calls, zeros])
         table = min_cuts(facts, max_shards, pieces, splits)
         self.split = {f: table[i] for i, f in enumerate(SPLIT_FIELDS)}
         self.c_min = table[-1]
@@ -73,6 +77,7 @@ class Bounds:
         self.bw = resources.network.bytes_per_s
         self.block = facts.block_rows
         self.calls = float(facts.calls.sum()) * NODE_CALL_S
+        self.chain_k = _chain(facts, facts.calls) * NODE_CALL_S
         self.mstep = mstep_s(facts)
         self.fixed = float(fixed.sum())
         self.data_row = float(facts.group_data.sum())
@@ -107,6 +112,16 @@ class Bounds:
             out += rows_max * (m - 1) / m * float(self.c_min[m]) / bw
         return out
 
+    def replica_comm(self, d: int, m: int) -> float:
+        """The reduce and broadcast over ``d`` replicas (``L(d)`` terms), bounded below as in
+        the module docstring: what a ``d x m`` plan adds to its largest replica alone."""
+        ld = ceil_log2(d)
+        if not ld:
+            return 0.0
+        stat = max((self.ts + (m - 1) * self._sf("stat", m)) / m, self.chain_s)
+        param = max((self.tp + (m - 1) * self._sf("param", m)) / m, self.chain_p)
+        return ld * (2 * self.lat + (stat + param) / self.bw)
+
     def _work(self, m: int) -> float:
         return self.tf + (m - 1) * self._sf("flops", m)
 
@@ -116,13 +131,28 @@ class Bounds:
         rows_max = -(-n // d)
         # the busiest worker's T >= F_i / s_i + V_i for all i, so S T >= F + sum s_i V_i >=
         # F + s_min V, V >= the visits of every node once per block of the data
-        visits = float(block_counts(n, self.block)) * self.calls * self.speeds[d * m - 1]
-        compute = max((n * self._work(m) + visits) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max)
+        visits = float(block_counts(n, self.block)) * self._visits(m) * self.speeds[d * m - 1]
+        beta = float(block_counts(rows_max, self.block))  # the replica of most rows visits every node per block
+        compute = max((n * self._work(m) + visits) / self.speed_prefix[d * m], rows_max * self.chain_f / self.f_max,
+                      beta * self._visits(m) / m, beta * self.chain_k)
         return compute * compute_factor(m) + self._comm(d, m, rows_max) + self.mstep
 
-    def layout_bound(self, m: int, a: np.ndarray, rows) -> float:
-        """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica)."""
+    def _visits(self, m: int) -> float:
+        """Seconds of node visits per block summed over the shards: ``c (K + (m-1) K_split(m))``."""
+        return self.calls + (m - 1) * self._sf("calls", m) * NODE_CALL_S
+
+    def layout_bound(self, m: int, a: np.ndarray, rows, speed: np.ndarray | None = None) -> float:
+        """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica;
+        with ``speed[r, s]`` the node visits count too: on the replica ``r*`` of most rows,
+        ``T >= a*_s F_s + beta K_s`` with ``a*_s = rows_r* / speed(r*, s)`` and ``beta`` its
+        blocks times ``c``, so ``T sum_s 1/a*_s >= sum_s F_s + beta min_s(1/a*_s) sum_s K_s``)."""
         compute = max(self._work(m) / float(np.sum(1.0 / a)), float(a.min()) * self.chain_f)
+        if speed is not None:
+            r = int(np.argmax(rows))
+            inv = np.asarray(speed[r], dtype=np.float64) / float(rows[r])
+            beta = float(block_counts(int(rows[r]), self.block))
+            compute = max(compute, (self._work(m) + beta * float(inv.min()) * self._visits(m)) / float(inv.sum()),
+                          beta * self.chain_k, beta * self._visits(m) / m)
         return compute * compute_factor(m) + self._comm(len(rows), m, int(max(rows))) + self.mstep
 
     # ------------------------------------------------------------ memory

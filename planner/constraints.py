@@ -88,7 +88,8 @@ def ownership(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
 
 def first_fit_symmetry(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """Interchangeable columns ``s_0 < s_1 < ...`` (same speed and memory in every
-    replica) are used in first-fit order: with units in :func:`unit_order`,
+    replica; column 0 is never interchangeable when it holds the coordinator's bytes,
+    ``program.make_instance``) are used in first-fit order: with units in :func:`unit_order`,
     ``x[u_k][s_j] <= OR_{k' < k} x[u_k'][s_{j-1}]``. Every assignment has a relabelling
     of equal cost that satisfies this."""
     order = unit_order(inst.ut)

@@ -104,14 +104,14 @@ def _fix_empty(unit_shard: np.ndarray, weights: np.ndarray, m: int) -> np.ndarra
 def lpt(ut: UnitTree, cols: Columns) -> np.ndarray:
     m = cols.m
     flops = ut.unit_cost["flops"]
-    pack = Packing(ut, cols)
+    pack = Packing(ut, cols) if np.isfinite(cols.cap).any() else None  # no memory to track when unknown
     load = np.zeros(m)
     out = np.zeros(ut.n_units, dtype=np.int64)
     empty = m
     order = np.argsort(-flops, kind="stable")
     for k, u in enumerate(order):
         finish = cols.a * (load + flops[u])
-        room = pack.room(u)
+        room = pack.room(u) if pack is not None else np.zeros(m)
         ok = room >= 0
         if ut.n_units - k <= empty:  # every remaining unit must open an empty shard
             ok &= load == 0
@@ -124,7 +124,8 @@ def lpt(ut: UnitTree, cols: Columns) -> np.ndarray:
             empty -= 1
         out[u] = s
         load[s] += flops[u] if flops[u] > 0 else 1e-300
-        pack.add(u, s)
+        if pack is not None:
+            pack.add(u, s)
     return _fix_empty(out, flops, m)
 
 

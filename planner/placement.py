@@ -15,10 +15,16 @@ Inside a layout the assignment of leaves to shard columns is free, so the exact 
 puts heavy shards on fast or large columns itself. Layouts with the same
 ``(speed, memory)`` profile cost the same and are kept once; with identical workers there
 is exactly one.
+
+These four cover every placement only when the workers are identical (``planner.solve``
+says when a grid is settled exactly). For one replica, :func:`single_replica_layouts`
+lists every placement up to dominance, the coordinator's column included.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,3 +118,121 @@ def candidate_layouts(resources: Resources, d: int, m: int) -> list[Layout]:
 
 def default_layout(resources: Resources, d: int, m: int) -> Layout:
     return make_layout(resources, d, m, "speed", "chunked")
+
+
+#: Most single-replica layouts (:func:`single_replica_layouts`) a grid enumerates.
+MAX_SINGLE_REPLICA_LAYOUTS = 24
+
+
+def single_replica_layouts(resources: Resources, m: int, coordinated: bool,
+                           limit: int = MAX_SINGLE_REPLICA_LAYOUTS) -> tuple[list[Layout], bool]:
+    """Every ``1 x m`` layout up to dominance, and whether the list is complete.
+
+    With one replica the rows are all ``n_data``, and the program places units on columns
+    freely, so a layout matters only through the multiset of workers it uses and, when the
+    coordinator is in the grid (``coordinated``), the worker of column 0. Workers of equal
+    speed and memory are interchangeable; a worker at least as fast and as large as another
+    (one of the two strictly) *dominates* it: putting it in the other's place keeps every
+    shard's time and memory within its limits, so some optimal plan uses a dominated
+    worker only when all of its dominators are used. The multisets listed are exactly those
+    closed under that rule (types in order of decreasing speed, then memory, so dominators
+    come first), each once per worker type that can sit at column 0. ``False`` when
+    ``limit`` cut the list short.
+    """
+    speed, memory = worker_arrays(resources)
+    types: dict[tuple[float, float], list[int]] = {}
+    for w in worker_order(resources, "speed"):
+        types.setdefault((float(speed[w]), float(memory[w])), []).append(w)
+    keys = list(types)
+    avail = [len(types[k]) for k in keys]
+    dominators = [[j for j in range(i) if keys[j][0] >= keys[i][0] and keys[j][1] >= keys[i][1]]
+                  for i in range(len(keys))]
+    suffix = np.concatenate([np.cumsum(avail[::-1])[::-1], [0]])
+    out: list[Layout] = []
+    complete = True
+
+    def emit(counts):
+        nonlocal complete
+        used = [i for i, c in enumerate(counts) if c]
+        heads = used if coordinated else used[:1]
+        for head in heads:
+            if len(out) >= limit:
+                complete = False
+                return
+            cols = [types[keys[head]][0]]
+            for i in used:
+                cols += types[keys[i]][int(i == head):counts[i]]
+            out.append(Layout(name=f"single/{len(out)}", grid=(tuple(cols),)))
+
+    def walk(i, left, counts):
+        if not complete:
+            return
+        if left == 0:
+            emit(counts + [0] * (len(keys) - i))
+            return
+        if i == len(keys) or suffix[i] < left:
+            return
+        full = all(counts[j] == avail[j] for j in dominators[i])
+        top = min(avail[i], left) if full else 0
+        for c in range(top, -1, -1):
+            walk(i + 1, left - c, counts + [c])
+
+    walk(0, m, [])
+    return out, complete
+
+
+#: Most layouts :func:`small_layouts` enumerates before giving up.
+MAX_SMALL_LAYOUTS = 24
+#: Most placements (ordered choices of workers) :func:`small_layouts` looks at.
+MAX_SMALL_PLACEMENTS = 5_000
+
+
+def small_layouts(resources: Resources, d: int, m: int, coordinated: bool,
+                  limit: int = MAX_SMALL_LAYOUTS) -> list[Layout] | None:
+    """Every ``d x m`` layout of distinct cost, or None when there are more than ``limit``.
+
+    Two layouts cost the same when one is the other with replicas permuted and shard columns
+    permuted (the program places shards on columns freely); with the coordinator in the
+    grid, replica 0 and column 0 stay where they are. Workers of equal speed and memory are
+    interchangeable, and a worker dominated by an idle one is never needed (see
+    :func:`single_replica_layouts`)."""
+    if math.comb(resources.n_workers, d * m) * math.factorial(d * m) > MAX_SMALL_PLACEMENTS:
+        return None
+    speed, memory = worker_arrays(resources)
+    kind = [(float(speed[w]), float(memory[w])) for w in range(resources.n_workers)]
+    order = worker_order(resources, "speed")
+    seen: set = set()
+    out: list[Layout] = []
+    for chosen in itertools.combinations(order, d * m):
+        rest = [w for w in order if w not in chosen]
+        if any(kind[i][0] >= kind[w][0] and kind[i][1] >= kind[w][1] and kind[i] != kind[w]
+               for w in chosen for i in rest):
+            continue  # an idle worker dominates a used one
+        for perm in itertools.permutations(chosen):
+            cells = [[kind[perm[r * m + s]] for s in range(m)] for r in range(d)]
+            key = _canonical(cells, coordinated)
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(out) >= limit:
+                return None
+            out.append(Layout(name=f"small/{len(out)}",
+                              grid=tuple(tuple(perm[r * m + s] for s in range(m)) for r in range(d))))
+    return out
+
+
+def _canonical(cells, coordinated: bool):
+    """The least matrix among the layout's row and column permutations (the first row and
+    column fixed when ``coordinated``)."""
+    d, m = len(cells), len(cells[0])
+    rows = list(range(1, d)) if coordinated else list(range(d))
+    cols = list(range(1, m)) if coordinated else list(range(m))
+    best = None
+    for rp in itertools.permutations(rows):
+        rord = ([0] if coordinated else []) + list(rp)
+        for cp in itertools.permutations(cols):
+            cord = ([0] if coordinated else []) + list(cp)
+            key = tuple(tuple(cells[r][c] for c in cord) for r in rord)
+            if best is None or key < best:
+                best = key
+    return best

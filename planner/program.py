@@ -12,7 +12,10 @@ from ortools.sat.python import cp_model
 from . import constraints
 from .config import SolverConfig
 from .constraints import Instance
-from .costing import block_counts
+from emgrid.models.cost import ceil_log2
+from emgrid.models.units import NODE_CALL_S
+
+from .costing import block_counts, compute_factor
 from .placement import Layout
 from .resources import Resources
 from .scaling import Scale
@@ -23,7 +26,9 @@ from .variables import ShardVars
 def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, block_rows: int, scale: Scale,
                   reference_s: float, coordinator_bytes: float = 0.0) -> Instance:
     """The program data of ``layout`` with ``rows`` per replica; ``coordinator_bytes`` come
-    off the memory of cell ``(0, 0)`` (``Resources.coordinator_in_grid``)."""
+    off the memory of cell ``(0, 0)`` (``Resources.coordinator_in_grid``), which makes
+    column 0 a symmetry class of its own. ``scale`` is coarsened when the upper bound of the
+    time variables (:func:`time_upper_s`) would not fit it; ``inst.scale`` is the one used."""
     g = np.asarray(layout.grid, dtype=np.int64)
     ws = resources.workers
     speed = np.array([w.flops_per_s for w in ws])[g]
@@ -49,14 +54,31 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
                 keep.append((n, lim))
         mem_rows.append(tuple(keep))
     profiles: dict[tuple, list[int]] = {}
+    coordinated = coordinator_bytes > 0 and ws[g[0, 0]].memory_bytes is not None
     for s in range(g.shape[1]):
-        profiles.setdefault(tuple((ws[w].flops_per_s, ws[w].memory_bytes) for w in g[:, s]), []).append(s)
+        # the coordinator's bytes make column 0 a column of its own (its cell (0, 0) has less room)
+        key = tuple((ws[w].flops_per_s, ws[w].memory_bytes) for w in g[:, s]) + ((s == 0 and coordinated),)
+        profiles.setdefault(key, []).append(s)
     net = resources.network
+    upper = time_upper_s(ut, g.shape[0], g.shape[1], compute_pairs, net.bytes_per_s)
+    scale = scale.fitting(upper)
     return Instance(ut=ut, d=g.shape[0], m=g.shape[1], rows=rows, compute_pairs=tuple(compute_pairs),
                     mem_rows=tuple(mem_rows),
                     classes=tuple(tuple(c) for c in profiles.values()), latency_s=net.latency_s,
                     bytes_per_s=net.bytes_per_s, block_rows=block_rows, scale=scale,
-                    time_cap=scale.time_cap(reference_s))
+                    time_cap=scale.time_cap(upper))
+
+
+def time_upper_s(ut: UnitTree, d: int, m: int, compute_pairs, bytes_per_s: float) -> float:
+    """An upper bound of every time variable of the program under any assignment: every
+    unit and node counted at once (the whole model on one worker of the slowest pair), and
+    the whole model's statistics or parameters in one reduce or broadcast."""
+    flops = float(ut.unit_cost["flops"].sum() + ut.internal_cost["flops"].sum())
+    calls = float(ut.unit_cost["calls"].sum() + ut.internal_cost["calls"].sum())
+    compute = max((x * flops + y * NODE_CALL_S * calls for pairs in compute_pairs for x, y in pairs), default=0.0)
+    ld = ceil_log2(d)
+    comm = max(float(ut.unit_cost[f].sum() + ut.internal_cost[f].sum()) for f in ("stat", "param")) * ld / bytes_per_s
+    return 1.01 * max(compute * compute_factor(m), comm) + 1e-12
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ from .plan import BalancePlan
 from .resources import Resources
 
 REL_TOL = 1e-9
+#: Slack on a reported gap against the one recomputed from ``objective_s`` and ``lower_bound_s``.
+GAP_TOL = 1e-6
+#: The relative gap an "optimal" plan may have when it does not record its own
+#: (``extra["relative_gap"]``): ``SolverConfig``'s default.
+DEFAULT_RELATIVE_GAP = 1e-4
 
 
 def _close(a: float, b: float) -> bool:
@@ -36,7 +41,8 @@ def validate_plan(plan: BalancePlan, model: Node, resources: Resources, n_data: 
     ``resources``: the plan was made for this model's structure and these resources, the
     grid fits the workers and the rows, every leaf is on exactly one shard and every shard
     holds a leaf, every used worker appears once, rows are >= 1 and sum to ``n_data``);
-    every worker's memory holds its load; and every reported figure equals the recomputed one.
+    every worker's memory holds its load; every reported figure equals the recomputed one; and
+    the status agrees with the lower bound and the gap (:func:`_check_status`).
     """
     if resources is None:
         check_resources(resources)  # a plan is validated against resources, never without
@@ -58,6 +64,7 @@ def validate_plan(plan: BalancePlan, model: Node, resources: Resources, n_data: 
             raise PlanError(f"{name}={value!r} but the recomputed iteration time is {ev.total_s!r}")
     if plan.lower_bound_s > plan.objective_s * (1 + REL_TOL) + 1e-12:
         raise PlanError(f"lower_bound_s={plan.lower_bound_s!r} exceeds objective_s={plan.objective_s!r}")
+    _check_status(plan)
     if len(plan.per_worker) != len(ev.loads):
         raise PlanError(f"per_worker lists {len(plan.per_worker)} workers, the grid has {len(ev.loads)}")
     for got, want in zip(plan.per_worker, ev.loads):
@@ -72,6 +79,24 @@ def validate_plan(plan: BalancePlan, model: Node, resources: Resources, n_data: 
                       "per_worker_flops": plan.per_worker_flops},
              {"model_flops": float(facts.flops.sum()), "model_bytes": int(round(facts.param.sum())),
               "per_worker_flops": max(w.flops for w in ev.loads)})
+
+
+def _check_status(plan: BalancePlan) -> None:
+    """``status`` agrees with the bound: the gap ``(objective - lower_bound) / objective``
+    equals ``extra["gap"]`` when reported, and an ``"optimal"`` plan's gap is at most its
+    ``extra["relative_gap"]`` (default :data:`DEFAULT_RELATIVE_GAP`)."""
+    obj, lb = plan.objective_s, plan.lower_bound_s
+    gap = (obj - lb) / obj if obj > 0 else 0.0
+    reported = plan.extra.get("gap")
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and abs(reported - gap) > GAP_TOL:
+        raise PlanError(f"extra['gap']={reported!r} but objective_s={obj!r} and lower_bound_s={lb!r} give {gap!r}")
+    if plan.status == "optimal":
+        allowed = plan.extra.get("relative_gap", DEFAULT_RELATIVE_GAP)
+        if not isinstance(allowed, (int, float)) or isinstance(allowed, bool):
+            raise PlanError(f"extra['relative_gap'] must be a number, got {allowed!r}")
+        if gap > float(allowed) + GAP_TOL:
+            raise PlanError(f"status='optimal' but lower_bound_s={lb!r} is {gap:.3%} below objective_s={obj!r} "
+                            f"(the relative gap allowed is {float(allowed):.3g})")
 
 
 def _compare(where: str, got: dict, want: dict) -> None:

@@ -24,7 +24,8 @@ N_DATA = 5000
 def program(model, res, d, m, families, fix=None, reference=0.02):
     """A program holding only ``families`` (and ``fix``: unit -> shard); returns the solve.
 
-    ``reference`` (seconds) sets the tick scale and caps every time variable at four times it.
+    ``reference`` (seconds) sets the tick scale; the time variables are capped by an upper bound
+    of every assignment (``program.time_upper_s``), whatever the reference.
     """
     facts = model_facts(model)
     ut = build_units(facts, 64)

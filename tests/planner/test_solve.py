@@ -178,7 +178,7 @@ def test_time_limit_returns_the_best_heuristic_with_its_gap():
 
 
 def test_a_solver_bound_above_a_heuristic_plan_is_reported_as_a_fault(monkeypatch):
-    import emgrid.planner.solve as solve_mod
+    import emgrid.planner.search as solve_mod
     from emgrid.planner.program import ProgramResult
 
     def lying(inst, hint, cfg, limit):

@@ -1,0 +1,398 @@
+"""The state of one ``balance_plan`` call (:class:`Search`) and its steps: the exact
+data-parallel plans, the baselines, the sweep over grids and layouts, the queued programs
+and the replica relaxations. ``planner.solve`` documents the plan space and the order of
+the steps; each method's docstring states what it establishes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emgrid.models.base import Node
+
+from .bounds import Bounds
+from .config import SolverConfig
+from .costing import coordinator_bytes, mstep_s, price, replica_rows, shard_sums
+from .dataparallel import solve_groups
+from .facts import ModelFacts, model_facts, worker_arrays
+from .heuristics import HEURISTICS, columns, run_all
+from .placement import Layout, candidate_layouts, default_layout, single_replica_layouts, small_layouts
+from .program import make_instance, solve_program
+from .resources import Resources
+from .scaling import Scale
+from .units import UnitTree, build_units
+
+#: Share of the time limit the heuristic sweep may use before the programs start.
+SWEEP_SHARE = 0.4
+#: Share of the time limit one replica-relaxation program may take (``Search.relax``).
+RELAX_SHARE = 0.05
+#: Relative slack for comparing float recomputations with solver figures.
+FLOAT_TOL = 1e-6
+#: Share of the time limit the search plans for; the rest covers the final pricing and
+#: the solver's overshoot of its own limit.
+DEADLINE_SHARE = 0.9
+
+
+#: The leaf-level heuristics of ``bench/planner_baselines.py`` that seed the incumbent, and
+#: the largest leaves x shards on which LPT runs among them.
+BASELINE_HEURISTICS = ("contiguous", "equal_count", "lpt")
+BASELINE_LPT_CELLS = 50_000
+#: Share of the time limit after which the baselines run only their linear-time heuristics.
+BASELINE_SHARE = 0.1
+
+
+def shard_counts(n_workers: int, n_leaves: int) -> list[int]:
+    """The shard counts the benchmark's baselines try: 1..64 and the powers of two beyond."""
+    top = min(n_workers, n_leaves)
+    out = set(range(1, min(top, 64) + 1))
+    k = 128
+    while k <= top:
+        out.add(k)
+        k *= 2
+    out.add(top)
+    return sorted(out)
+
+
+@dataclass
+class Incumbent:
+    total: float
+    d: int
+    m: int
+    layout: Layout
+    rows: tuple[int, ...]
+    leaf_shard: np.ndarray
+    source: str
+
+
+@dataclass
+class Queued:
+    bound: float
+    d: int
+    m: int
+    layout: Layout
+    rows: tuple[int, ...]
+    hint: np.ndarray | None
+    hint_total: float
+    heuristic_totals: list[float] = field(default_factory=list)
+
+
+class Search:
+    """The state of one ``balance_plan`` call."""
+
+    def __init__(self, model: Node, resources: Resources, n_data: int, cfg: SolverConfig):
+        self.t0 = time.perf_counter()
+        self.cfg = cfg
+        self.resources = resources
+        self.n = n_data
+        self.facts: ModelFacts = model_facts(model)
+        self.mstep = mstep_s(self.facts)
+        self.fine: UnitTree = build_units(self.facts, self.facts.n_leaves)
+        self.coarse: UnitTree = self.fine if self.facts.n_leaves <= cfg.max_units else build_units(
+            self.facts, cfg.max_units)
+        self.best: Incumbent | None = None
+        self.grid_notes: dict[tuple[int, int], list[float]] = {}  # bounds of an exact grid's layouts
+        self.exact: dict[tuple[int, int], bool] = {}  # placement and rows settled by dominance
+        self.relaxed: dict[tuple[int, int], float] = {}  # replica-relaxation bounds (:meth:`relax`)
+        self.best_by_m: dict[int, float] = {}
+        self.bound_by_m: dict[int, float] = {}  # least bound of the pruned grids of each M
+        self.queue: list[Queued] = []
+        self.faults: list[str] = []
+        self.counts = {"grids": 0, "layouts": 0, "pruned": 0, "programs": 0, "programs_optimal": 0,
+                       "grids_unfit": 0, "layouts_unfit": 0}
+        self.exhausted = False  # the time limit ended the sweep before any plan fitted
+        self.unproven: list[str] = []  # grids left without a plan and without a proof that none fits
+        self.unfit_m: set[int] = set()  # shard counts no grid of which can hold its replica
+        self.heuristic_best: tuple[float, str] | None = None
+        speed, memory = worker_arrays(resources)
+        self.uniform = bool(np.all(speed == speed[0]) and np.all(memory == memory[0]))
+        self.coordinated = coordinator_bytes(self.facts, resources) > 0 and bool(np.isfinite(memory).any())
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def budget(self) -> float:
+        """Seconds the search may still spend."""
+        return DEADLINE_SHARE * self.cfg.time_limit_s - 0.05 - self.elapsed()
+
+    def cutoff(self) -> float:
+        return math.inf if self.best is None else self.best.total * (1 - self.cfg.relative_gap)
+
+    def offer(self, total: float, fits, d, m, layout, rows, leaf_shard, source) -> None:
+        if fits is False:
+            return
+        self.best_by_m[m] = min(self.best_by_m.get(m, math.inf), total)
+        if source != "cp-sat" and (self.heuristic_best is None or total < self.heuristic_best[0]):
+            self.heuristic_best = (total, source)
+        if self.best is None or total < self.best.total:
+            self.best = Incumbent(total, d, m, layout, tuple(int(r) for r in rows), np.asarray(leaf_shard), source)
+
+    def note_bound(self, m: int, bound: float) -> None:
+        self.bound_by_m[m] = min(self.bound_by_m.get(m, math.inf), bound)
+
+    def note(self, d: int, m: int, bound: float) -> None:
+        """A lower bound of one layout of grid ``d x m`` (``inf``: proven to have no fitting plan)."""
+        self.grid_notes.setdefault((d, m), []).append(bound)
+
+    def layouts(self, d: int, m: int) -> list[Layout]:
+        """The layouts searched for ``d x m``; records whether they settle the grid exactly."""
+        if self.uniform and (d == 1 or not self.coordinated):
+            self.exact[(d, m)] = True
+            return candidate_layouts(self.resources, d, m)
+        if d == 1:
+            out, complete = single_replica_layouts(self.resources, m, self.coordinated)
+            self.exact[(d, m)] = complete
+            return out
+        self.exact[(d, m)] = False  # rows follow speed: not every split of the rows is searched
+        small = small_layouts(self.resources, d, m, self.coordinated)
+        return small if small is not None else candidate_layouts(self.resources, d, m)
+
+    def grid_lower(self, d: int, m: int, bounds: Bounds) -> float:
+        """A lower bound of every plan of grid ``d x m`` (see the module docstring)."""
+        if not bounds.grid_fits(d, m):
+            return math.inf
+        analytic = bounds.grid_bound(d, m)
+        notes = self.grid_notes.get((d, m))
+        if self.exact.get((d, m)) and notes:
+            return max(analytic, min(notes))
+        return max(analytic, self.relaxed.get((d, m), 0.0))
+
+    # ------------------------------------------------------------ data parallel, baselines
+    def data_parallel(self, ds: list[int]) -> dict[tuple[int, int], float]:
+        """The exact ``M = 1`` plans (``planner.dataparallel``); returns each grid's bound."""
+        out = {}
+        for g in solve_groups(self.facts, self.resources, self.n, ds):
+            for d in ds:
+                if g.d_range[0] <= d <= g.d_range[1]:
+                    out[(d, 1)] = g.lower
+            if g.grid is None:
+                continue
+            layout = Layout(name="data-parallel", grid=g.grid)
+            leaf_shard = np.zeros(self.facts.n_leaves, dtype=np.int64)
+            total, fits = self.price_leaves(leaf_shard, 1, layout, g.rows)
+            self.offer(total, fits, len(g.grid), 1, layout, g.rows, leaf_shard, "data-parallel")
+            self.best_by_m[1] = min(self.best_by_m.get(1, math.inf), total)
+        return out
+
+    def baselines(self, grids: list[tuple[int, int]], bounds: Bounds) -> None:
+        """The benchmark's leaf-level baselines (module docstring, item 4) as incumbents; a
+        grid whose bound is not below the incumbent is skipped (no baseline there can win)."""
+        pinned = len(grids) == 1
+        ms = sorted({m for _, m in grids if m > 1}) if pinned else shard_counts(self.resources.n_workers,
+                                                                              self.facts.n_leaves)
+        speed, _ = worker_arrays(self.resources)
+        for m in ms:
+            if m == 1 or m > self.fine.n_units:
+                continue
+            d = grids[0][0] if pinned else min(self.n, self.resources.n_workers // m)
+            if not bounds.grid_fits(d, m) or (self.best is not None and bounds.grid_bound(d, m) >= self.best.total):
+                continue
+            layout = default_layout(self.resources, d, m)
+            rows = replica_rows(self.n, speed[np.asarray(layout.grid)].min(axis=1))
+            cols = columns(self.facts, self.resources, layout.grid, rows)
+            for name in BASELINE_HEURISTICS:
+                if name == "lpt" and (self.fine.n_units * m > BASELINE_LPT_CELLS
+                                      or self.elapsed() > BASELINE_SHARE * self.cfg.time_limit_s):
+                    continue
+                unit_shard = HEURISTICS[name](self.fine, cols)
+                total, fits = self.price_leaves(unit_shard, m, layout, rows)
+                self.offer(total, fits, d, m, layout, rows, unit_shard, f"baseline/{name}")
+
+    def price_leaves(self, leaf_shard, m, layout, rows):
+        p = price(self.facts, self.resources, self.n, shard_sums(self.facts, leaf_shard, m), layout.grid, rows)
+        return p.breakdown.total_s, p.fits
+
+    # ------------------------------------------------------------ sweep
+    def sweep(self, grids: list[tuple[int, int]], bounds: Bounds) -> None:
+        fitting = [g for g in grids if bounds.grid_fits(*g)]
+        self.counts["grids_unfit"] = len(grids) - len(fitting)
+        self.unfit_m = {m for _, m in grids} - {m for _, m in fitting}
+        ordered = sorted(fitting, key=lambda g: (bounds.grid_bound(*g), g[1], g[0]))
+        for k, (d, m) in enumerate(ordered):
+            lb = bounds.grid_bound(d, m)
+            share = SWEEP_SHARE if self.best is not None else 1.0
+            late = k > 0 and self.elapsed() > share * DEADLINE_SHARE * self.cfg.time_limit_s
+            if lb >= self.cutoff() or late:
+                if self.best is None:
+                    self.exhausted = True
+                    self.unproven += [f"{d2}x{m2}" for d2, m2 in ordered[k:]]
+                self.counts["pruned"] += len(ordered) - k
+                for d2, m2 in ordered[k:]:
+                    self.note_bound(m2, bounds.grid_bound(d2, m2))
+                return
+            self.counts["grids"] += 1
+            for layout in self.layouts(d, m):
+                for rows in self.row_options(layout):
+                    self.visit(layout, bounds, rows)
+
+    def row_options(self, layout: Layout) -> list[list[int]]:
+        """Rows following the replicas' slowest speeds; with the coordinator in the grid also
+        the same rows with replica 0 taking the fewest among the replicas of its speed."""
+        speed_of, _ = worker_arrays(self.resources)
+        slowest = speed_of[np.asarray(layout.grid)].min(axis=1)
+        rows = replica_rows(self.n, slowest)
+        out = [rows]
+        if self.coordinated and layout.d > 1:
+            peers = np.flatnonzero(slowest == slowest[0])
+            r = int(peers[np.argmin(np.asarray(rows)[peers])])
+            if rows[r] != rows[0]:
+                swapped = list(rows)
+                swapped[0], swapped[r] = swapped[r], swapped[0]
+                out.append(swapped)
+        return out
+
+    def visit(self, layout: Layout, bounds: Bounds, rows: list[int]) -> None:
+        d, m = layout.d, layout.m
+        self.counts["layouts"] += 1
+        g = np.asarray(layout.grid)
+        speed_of, memory_of = worker_arrays(self.resources)
+        memory = memory_of[g]
+        if not bounds.layout_fits(memory, rows):
+            self.counts["layouts_unfit"] += 1
+            self.note(d, m, math.inf)
+            return
+        cols = columns(self.facts, self.resources, layout.grid, rows)
+        lb = bounds.layout_bound(m, cols.a, rows, speed_of[g])
+        if lb >= self.cutoff():
+            self.counts["pruned"] += 1
+            self.note(d, m, lb)
+            self.note_bound(m, lb)
+            return
+        q = Queued(bound=lb, d=d, m=m, layout=layout, rows=tuple(rows), hint=None, hint_total=math.inf)
+        for name, unit_shard in run_all(self.coarse, cols).items():
+            leaf_shard = self.coarse.leaf_shard(unit_shard, self.facts.n_leaves)
+            total, fits = self.price_leaves(leaf_shard, m, layout, rows)
+            self.offer(total, fits, d, m, layout, rows, leaf_shard, name)
+            if fits is not False:
+                q.heuristic_totals.append(total)
+                if total < q.hint_total:
+                    q.hint, q.hint_total = unit_shard, total
+        if self.coarse is not self.fine:
+            for name, unit_shard in run_all(self.fine, cols, names=("lpt", "contiguous")).items():
+                total, fits = self.price_leaves(unit_shard, m, layout, rows)
+                self.offer(total, fits, d, m, layout, rows, unit_shard, name + "/leaves")
+        self.queue.append(q)
+
+    # ------------------------------------------------------------ programs
+    def solve_queue(self) -> None:
+        cfg = self.cfg
+        for q in sorted(self.queue, key=lambda q: (q.bound, q.m, q.d)):
+            remaining = self.budget()
+            cells = self.coarse.n_units * q.m
+            if q.bound >= self.cutoff():
+                self.counts["pruned"] += 1
+                self.note(q.d, q.m, q.bound)
+                self.note_bound(q.m, q.bound)
+                continue
+            if (remaining < 0.05 or self.counts["programs"] >= cfg.max_programs or cells > cfg.max_program_cells
+                    or q.m > self.coarse.n_units):
+                self.note(q.d, q.m, q.bound)
+                if self.best is None:
+                    self.unproven.append(f"{q.d}x{q.m} ({q.layout.name}, not solved: "
+                                         f"{'time limit' if remaining < 0.05 else 'program limits'})")
+                continue
+            bound = self.program(q, remaining)
+            self.note(q.d, q.m, bound)
+            if self.best is None and bound < math.inf:
+                self.unproven.append(f"{q.d}x{q.m} ({q.layout.name}, solver stopped without a plan or a proof)")
+
+    def relax_all(self, grids: list[tuple[int, int]], bounds: Bounds) -> None:
+        """Replica relaxations (:meth:`relax`) of the grids not settled exactly, cheapest
+        bound first, while time is left."""
+        todo = sorted((g for g in grids if g[1] > 1 and not self.exact.get(g, False) and bounds.grid_fits(*g)),
+                      key=lambda g: bounds.grid_bound(*g))
+        for d, m in todo:
+            if bounds.grid_bound(d, m) >= self.cutoff():
+                break
+            if self.budget() < 0.1:
+                return
+            got = self.relax(d, m, bounds)
+            if got is not None:
+                self.relaxed[(d, m)] = got
+
+    def relax(self, d: int, m: int, bounds: Bounds) -> float | None:
+        """A lower bound of every plan of ``d x m`` from its largest replica alone.
+
+        Some replica holds ``R >= ceil(n/d)`` rows on ``m`` distinct workers; cost and memory
+        are non-decreasing in rows, the compute, coupling and split broadcast of the plan are
+        at least that replica's, and its workers are dominated by one of
+        ``single_replica_layouts`` (the coordinator's bytes dropped, a relaxation). So the
+        least bound of the ``1 x m`` programs with ``R = ceil(n/d)`` rows over those layouts,
+        plus ``Bounds.replica_comm(d, m)``, bounds the grid. Only leaf-level units give a
+        valid program bound; None when grouped or the layouts are too many."""
+        if self.coarse.grouped:
+            return None
+        layouts, complete = single_replica_layouts(self.resources, m, coordinated=False)
+        if not complete:
+            return None
+        rows = (-(-self.n // d),)
+        _, memory_of = worker_arrays(self.resources)
+        best = math.inf
+        extra = bounds.replica_comm(d, m)
+        for layout in layouts:
+            if not bounds.layout_fits(memory_of[np.asarray(layout.grid)], rows):
+                continue
+            cols = columns(self.facts, self.resources, layout.grid, rows)
+            lb = bounds.layout_bound(m, cols.a, rows, worker_arrays(self.resources)[0][np.asarray(layout.grid)])
+            if lb + extra >= best:
+                continue
+            remaining = self.budget()
+            if remaining < 0.05 or self.coarse.n_units * m > self.cfg.max_program_cells:
+                best = min(best, lb + extra)
+                continue
+            hint = HEURISTICS["lpt"](self.coarse, cols)
+            ref = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)[0]
+            q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint, hint_total=ref)
+            got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False)
+            best = min(best, got + extra)
+        return best
+
+    def program(self, q: Queued, remaining: float, offer: bool = True) -> float:
+        """Solves one layout's program; returns the bound it establishes. ``offer=False``
+        (a relaxation, :meth:`relax`): the solution is not a plan, and the coordinator's
+        bytes are dropped."""
+        self.counts["programs"] += 1
+        ref = self.best.total if self.best is not None else q.hint_total
+        if not math.isfinite(ref) or ref <= 0:
+            ref = max(q.bound, 1e-9)
+        max_mem = max([w.memory_bytes or 0 for w in self.resources.workers] + [1])
+        inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows,
+                             Scale.for_instance(ref, max_mem), ref,
+                             coordinator_bytes(self.facts, self.resources) if offer else 0.0)
+        scale = inst.scale
+        hint = q.hint
+        res = solve_program(inst, hint, self.cfg, remaining)
+        where = f"grid {q.d}x{q.m} layout {q.layout.name}"
+        bound = q.bound
+        if res.unit_shard is not None:
+            leaf_shard = self.coarse.leaf_shard(res.unit_shard, self.facts.n_leaves)
+            total, fits = self.price_leaves(leaf_shard, q.m, q.layout, q.rows)
+            got = scale.seconds(res.objective_ticks) + self.mstep  # the program leaves out the constant
+            if fits is False:
+                self.faults.append(f"{where}: the solver's assignment does not fit when recomputed")
+            elif got > total * (1 + FLOAT_TOL) + 1e-12 or got < total * (1 - 1e-4) - 1e-9:
+                self.faults.append(f"{where}: solver objective {got!r} s, recomputed {total!r} s")
+            elif offer:
+                self.offer(total, fits, q.d, q.m, q.layout, q.rows, leaf_shard, "cp-sat")
+        if res.status == "infeasible":
+            if q.heuristic_totals:
+                self.faults.append(f"{where}: solver claims infeasible, a heuristic plan fits")
+            elif not self.coarse.grouped:
+                return math.inf
+            return bound
+        if res.bound_ticks is None:
+            return bound
+        solver_bound = scale.seconds(res.bound_ticks) + self.mstep
+        worst_ok = min(q.heuristic_totals, default=math.inf)
+        if res.unit_shard is not None and res.status != "model_invalid":
+            worst_ok = min(worst_ok, self.price_leaves(self.coarse.leaf_shard(res.unit_shard, self.facts.n_leaves),
+                                                       q.m, q.layout, q.rows)[0])
+        if solver_bound > worst_ok * (1 + FLOAT_TOL) + 1e-12:
+            self.faults.append(f"{where}: solver bound {solver_bound!r} s exceeds a fitting plan's {worst_ok!r} s")
+            return bound
+        if res.status == "optimal":
+            self.counts["programs_optimal"] += 1
+        return bound if self.coarse.grouped else max(bound, solver_bound)
