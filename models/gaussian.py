@@ -21,6 +21,7 @@ origin, exactly what the unbatched ``_accumulate`` returns.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -71,6 +72,36 @@ def _is_accurate(r2: float, p: _Expanded, n_features: int) -> bool:
     """Whether ``P @ F`` is within ``kernels.EXPANDED_MAX_ERROR`` of every log density of a
     block whose rows have ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``)."""
     return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, n_features + p.slack)
+
+
+@functools.lru_cache(maxsize=64)
+def _upper(d: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The upper triangle's indices of a ``d x d`` matrix (``np.triu_indices``) and the
+    expanded form's coefficient per entry (-0.5 on the diagonal, -1 off it), read-only."""
+    iu = np.triu_indices(d)
+    coef = np.where(iu[0] == iu[1], -0.5, -1.0)
+    for a in (*iu, coef):
+        a.setflags(write=False)
+    return iu, coef
+
+
+@functools.lru_cache(maxsize=64)
+def _eye(d: int) -> np.ndarray:
+    """The ``d x d`` identity, read-only."""
+    out = np.eye(d)
+    out.setflags(write=False)
+    return out
+
+
+def _spectral_norms(A: np.ndarray) -> np.ndarray:
+    """Per matrix of the stack ``A`` (K, d, d), its spectral norm: ``np.linalg.norm(A[k], 2)``
+    to the bit (the largest singular value), in one batched call."""
+    return np.linalg.svd(A, compute_uv=False).max(axis=-1)
+
+
+def _row_norms(a: np.ndarray) -> np.ndarray:
+    """``np.linalg.norm(a, axis=1)`` for a real matrix, to the bit, without its dispatch."""
+    return np.sqrt(np.add.reduce(a * a, axis=1))
 
 
 class Gaussian(Leaf):
@@ -196,7 +227,7 @@ class DiagGaussian(Leaf):
             P[:, :d] = mc * prec
             P[:, d : 2 * d] = -0.5 * prec
             P[:, 2 * d] = -0.5 * (const + (mc * mc * prec).sum(axis=1))
-            return _Expanded(c=c, P=P, lam=prec.max(axis=1), slack=3, mc_norm=np.linalg.norm(mc, axis=1),
+            return _Expanded(c=c, P=P, lam=prec.max(axis=1), slack=3, mc_norm=_row_norms(mc),
                              pconst=np.abs(P[:, 2 * d]), const=const, mc=mc, whiten=prec)
 
         return stacked(leaves, build)
@@ -285,8 +316,8 @@ class FullGaussian(Leaf):
         if chol is not None:
             d = self.dim
             # z = (x - mean) @ prec_chol has identity covariance.
-            self._prec_chol = np.linalg.solve(chol, np.eye(d)).T.copy()
-            self._const = float(d * LOG_2PI + 2.0 * np.log(np.diag(chol)).sum())
+            self._prec_chol = np.linalg.solve(chol, _eye(d)).T.copy()
+            self._const = float(d * LOG_2PI + 2.0 * np.log(chol.diagonal()).sum())
             self._chol = chol
 
     @property
@@ -317,12 +348,12 @@ class FullGaussian(Leaf):
             c = mean.mean(axis=0)
             mc = mean - c
             features = d <= FEATURE_MAX_DIM
-            iu = np.triu_indices(d)
+            iu, coef = _upper(d)
             P = np.empty((k, d + 1 + iu[0].size)) if features else None
             G = np.empty((k, d, d + 1))
-            lam = np.empty(k)
+            chols = np.array([g._prec_chol for g in leaves])
             for i, g in enumerate(leaves):
-                L = g._prec_chol
+                L = chols[i]
                 # whitened: z = L' (x - mean) = L' xc - L' mc
                 G[i, :, :d] = L.T
                 G[i, :, d] = -(mc[i] @ L)
@@ -332,12 +363,13 @@ class FullGaussian(Leaf):
                     # -0.5 * (xc' prec xc - 2 xc' prec mc + mc' prec mc + const)
                     P[i, :d] = lm
                     P[i, d] = -0.5 * (mc[i] @ lm + g._const)
-                    P[i, d + 1 :] = np.where(iu[0] == iu[1], -0.5, -1.0) * prec[iu]
-                    # prec = L L' is rounded: bound with |L| |L|' rather than |prec|
-                    lam[i] = np.linalg.norm(np.abs(L), 2) ** 2
+                    P[i, d + 1 :] = coef * prec[iu]
+            # prec = L L' is rounded: bound with |L| |L|' rather than |prec|, i.e. by the
+            # squared spectral norm of |L| (one batched SVD for all components)
+            lam = _spectral_norms(np.abs(chols)) ** 2 if features else np.empty(k)
             const = np.array([g._const for g in leaves])
             pconst = np.abs(P[:, d]) if features else np.full(k, np.inf)
-            return _Expanded(c=c, P=P, lam=lam, slack=2 * d + 3, mc_norm=np.linalg.norm(mc, axis=1), pconst=pconst,
+            return _Expanded(c=c, P=P, lam=lam, slack=2 * d + 3, mc_norm=_row_norms(mc), pconst=pconst,
                              const=const, mc=mc, whiten=G.reshape(k * d, d + 1))
 
         return stacked(leaves, build)
@@ -397,7 +429,7 @@ class FullGaussian(Leaf):
             # F @ W' with W' row-major: the faster order for this many features
             S = weighted_sums_t(F, np.ascontiguousarray(W.T))  # (features, K)
             sw, sxc = S[d], S[:d].T
-            iu = np.triu_indices(d)
+            iu, _ = _upper(d)
             M = np.empty((k, d, d))
             M[:, iu[0], iu[1]] = S[d + 1 :].T
             M[:, iu[1], iu[0]] = S[d + 1 :].T

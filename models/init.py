@@ -18,10 +18,15 @@
     components read floats or vectors (or records with such fields, standardized),
     a random partition otherwise; each component then completed from its part, the
     weights set to the parts' shares;
-  * an ``HMM``: its positions partitioned the same way for the emissions, near-uniform
-    transitions with a seeded jitter, uniform initial probabilities.
+  * an ``HMM``: its positions partitioned the same way for the emissions, except that
+    emissions reading integers (categorical codes, counts) start, with ``init="auto"``,
+    from every position weighted by a seeded random tilt of its value per state (a
+    random partition of many positions would give every state nearly the overall
+    histogram, a start EM barely moves from); near-uniform transitions with a seeded
+    jitter, uniform initial probabilities.
 
-  No two components start equal: they are fitted to disjoint parts of the sample.
+  No two components start equal: they are fitted to disjoint parts of the sample, or to
+  its positions under different random tilts.
 """
 
 from __future__ import annotations
@@ -42,14 +47,18 @@ from .tree import child_path
 
 __all__ = ["INIT_METHODS", "complete_shapes", "data_shapes_unset", "check_init", "sample_index", "sample_rows", "initialize"]
 
-#: ``init`` values: k-means where components read floats or vectors and random partitions
-#: elsewhere (``auto``), or one method everywhere it applies.
+#: ``init`` values: k-means where components read floats or vectors, random value tilts for an
+#: HMM's integer emissions and random partitions elsewhere (``auto``), or one method everywhere
+#: it applies (``random``: random partitions everywhere).
 INIT_METHODS = ("auto", "kmeans", "random")
 #: The sample initialization reads: ``min(n, max(SAMPLE_MIN_ROWS, SAMPLE_ROWS_PER_LEAF * leaves))``.
 SAMPLE_MIN_ROWS = 2000
 SAMPLE_ROWS_PER_LEAF = 200
 #: Relative jitter of an HMM's initial transitions around uniform.
 TRANSITION_JITTER = 0.2
+#: Shape of the Gamma draws that tilt an HMM's integer emissions per state and value
+#: (:func:`_value_tilts`): 1 gives each value's weight a coefficient of variation of 1.
+TILT_SHAPE = 1.0
 #: Rows' worth of a partition's pooled statistics added to each leaf part's own.
 PRIOR_ROWS = 1.0
 _CHUNK = 1 << 20
@@ -206,17 +215,23 @@ def _mixture(node, data, w, rng, init: str, path: str) -> Node:
         what = "positions" if hmm else "rows"
         raise ModelError(f"{node.family} at path {_where(path)} has {k} components but the initialization "
                          f"sample holds {m} {what}; give fewer components or more data")
-    labels = _partition(node.children[0], rows, rw, k, rng, init) if k > 1 else np.zeros(m, dtype=np.int64)
+    tilts = _value_tilts(node, rows, k, rng, init) if hmm and k > 1 else None
+    if tilts is None:
+        labels = _partition(node.children[0], rows, rw, k, rng, init) if k > 1 else np.zeros(m, dtype=np.int64)
     kids, pooled = [], {}
     for j, c in enumerate(node.children):
-        part = np.flatnonzero(labels == j)
+        if tilts is not None:  # every position, weighted by the tilt of its value
+            part_rows, part_w = rows, rw * tilts[:, j]
+        else:
+            part = np.flatnonzero(labels == j)
+            part_rows, part_w = take_index(rows, part), rw[part]
         if c.is_leaf and c.is_template:
             key = c.describe()
             if key not in pooled:
                 pooled[key] = tuple(PRIOR_ROWS / rw.sum() * s for s in c._accumulate(rows, rw))
-            kids.append(_leaf(c, take_index(rows, part), rw[part], child_path(path, j), pooled[key]))
+            kids.append(_leaf(c, part_rows, part_w, child_path(path, j), pooled[key]))
         else:
-            kids.append(_fill(c, take_index(rows, part), rw[part], rng, init, child_path(path, j)))
+            kids.append(_fill(c, part_rows, part_w, rng, init, child_path(path, j)))
     values = {}
     if hmm:
         if node.transitions is None:
@@ -228,6 +243,21 @@ def _mixture(node, data, w, rng, init: str, path: str) -> Node:
         mass = np.bincount(labels, weights=rw, minlength=k)
         values["weights"] = floor_probs(mass / mass.sum())
     return _rebuild(node, kids, **values)
+
+
+def _value_tilts(node: Node, rows, k: int, rng, init: str) -> np.ndarray | None:
+    """For an HMM whose emissions read integers (categorical codes, counts) and ``init`` =
+    ``"auto"``: per position and state, the weight ``g_j(x)`` that state ``j`` gives the
+    position's value ``x``, one draw of ``Gamma(TILT_SHAPE)`` per state and distinct value
+    (in sorted order of the values, so the draws follow the sample alone). Each state starts
+    from the data's histogram tilted by its own ``g_j``: diverse states around the data, where
+    a random partition of the positions would give every state nearly the overall histogram.
+    None for other emissions or methods (they partition the positions)."""
+    if init != "auto" or node.children[0].data_type() != "int":
+        return None
+    values, inverse = np.unique(np.asarray(rows), return_inverse=True)
+    g = rng.gamma(TILT_SHAPE, size=(values.size, k))
+    return g[inverse.reshape(-1)]
 
 
 def _partition(component: Node, rows, w, k: int, rng, init: str) -> np.ndarray:

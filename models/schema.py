@@ -214,8 +214,9 @@ def check_positive(arr: np.ndarray, name: str, family: str) -> None:
 def check_probs(p: np.ndarray, name: str, family: str, axis: int = -1) -> None:
     if p.size == 0:
         raise ModelError(f"{family}.{name} must not be empty")
-    if (p < 0).any():
-        raise ModelError(f"{family}.{name} must be >= 0, got {p.min()}")
+    low = p.min()
+    if low < 0:
+        raise ModelError(f"{family}.{name} must be >= 0, got {low}")
     sums = p.sum(axis=axis)
     if not (np.abs(sums - 1.0) <= 1e-6 + 1e-5).all():  # np.allclose(sums, 1, atol=1e-6) for finite sums
         raise ModelError(f"{family}.{name} must sum to 1, got sum {np.round(sums, 6)}")
@@ -223,7 +224,8 @@ def check_probs(p: np.ndarray, name: str, family: str, axis: int = -1) -> None:
 
 def check_spd(a: np.ndarray, name: str, family: str) -> np.ndarray:
     """Checks a symmetric positive definite matrix; returns its lower Cholesky factor."""
-    if not (np.abs(a - a.T) <= 1e-12 + 1e-8 * np.abs(a.T)).all():  # np.allclose(a, a.T, rtol=1e-8, atol=1e-12)
+    # exactly symmetric (every fitted covariance), else np.allclose(a, a.T, rtol=1e-8, atol=1e-12)
+    if not (a == a.T).all() and not (np.abs(a - a.T) <= 1e-12 + 1e-8 * np.abs(a.T)).all():
         raise ModelError(f"{family}.{name} must be symmetric")
     try:
         return np.linalg.cholesky(a)

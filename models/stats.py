@@ -82,7 +82,7 @@ class Stats(Mapping[str, OwnStats]):
         for key in sorted(self._d):
             for v in self._d[key]:
                 if isinstance(v, np.ndarray):
-                    if not np.all(np.isfinite(v)):
+                    if not np.isfinite(v).all():
                         return key
                 elif not math.isfinite(float(v)):
                     return key

@@ -218,3 +218,60 @@ def test_every_start_runs_on_one_grid_started_once(hetero):
         res = optimize(data, template_, plan=grid_plan(complete_shapes(template_, data), N), executor=Counting(),
                        n_init=3, max_iter=2, init_iter=2)
     assert Counting.runs == 1 and len(res.init_log_likelihoods) == 3
+
+
+def _digit_like_sequences(n: int = 120, length: int = 24):
+    """Sequences of codes 0..5 from a 3-state HMM: long runs of a background code, strokes."""
+    truth = HMM([Categorical([0.85, 0.05, 0.04, 0.03, 0.02, 0.01]), Categorical([0.05, 0.1, 0.5, 0.3, 0.03, 0.02]),
+                 Categorical([0.02, 0.03, 0.05, 0.1, 0.3, 0.5])],
+                [[0.8, 0.15, 0.05], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]], [0.6, 0.2, 0.2], float(length))
+    rows = truth.sample(n, np.random.default_rng(8))
+    return truth.prepare([r[:length] for r in rows if len(r) >= 2])
+
+
+def _hmm_template(k: int = 3):
+    return from_spec({"family": "HMM", "n_states": k, "emission": {"family": "Categorical"}})
+
+
+def _state_distances(model) -> np.ndarray:
+    """Total-variation distances between the emission distributions of every pair of states."""
+    P = np.stack([c.probs for c in model.children])
+    tv = 0.5 * np.abs(P[:, None, :] - P[None, :, :]).sum(axis=2)
+    return tv[np.triu_indices(len(P), 1)]
+
+
+def test_an_hmm_of_categoricals_starts_from_states_that_differ_beyond_sampling_noise():
+    from emgrid.models.init import initialize
+
+    data = _digit_like_sequences(300)
+    template = complete_shapes(_hmm_template(4), data)
+    n = len(data.offsets) - 1
+    for start in range(3):
+        tilted = initialize(template, data, n, seed=0, start=start)
+        partitioned = initialize(template, data, n, seed=0, start=start, init="random")
+        # a random partition of thousands of positions: every state is the overall histogram
+        # up to sampling noise; tilting each value's weight per state spreads the states out
+        assert _state_distances(partitioned).max() < 0.05
+        assert _state_distances(tilted).min() > 0.05
+        assert initialize(template, data, n, seed=0, start=start).children[0].probs.tolist() == \
+            tilted.children[0].probs.tolist()
+
+
+def test_an_hmm_template_fit_is_identical_on_every_executor_and_grid():
+    data = _digit_like_sequences()
+    template = _hmm_template()
+    n = len(data.offsets) - 1
+
+    def fit(d, m, ex):
+        plan = grid_plan(complete_shapes(template, data), n, d, m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return optimize(data, template, plan=plan, executor=ex, max_iter=3, tol=0.0, n_init=2, seed=5, init_iter=2)
+
+    ref = fit(1, 1, "local")
+    for d, m, ex in [(2, 1, "local"), (1, 2, "local"), (2, 1, "multiprocessing")]:
+        other = fit(d, m, ex)
+        assert_same_trace(other.init_log_likelihoods, ref.init_log_likelihoods)
+        assert other.init_best == ref.init_best
+        assert_same_trace(other.log_likelihood, ref.log_likelihood)
+        np.testing.assert_allclose(_flat(other.model), _flat(ref.model), rtol=1e-7, atol=1e-9)
