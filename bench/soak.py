@@ -18,7 +18,18 @@ Counted and written to ``bench/results/soak.{md,json}``:
   ``multiprocessing`` resource tracker, which lives as long as its parent, is named and
   not counted), processes left by the run anywhere on the machine (spawned workers,
   ``mpiexec``/hydra, batch ranks), new files in ``/dev/shm``, new System V shared memory
-  segments and leftover ``emgrid-data-*`` scratch folders.
+  segments and new ``emgrid-*`` entries in ``/tmp`` (scratch copies, launcher records).
+
+Faults (``--fault-share``, default 0.25): that share of the models is also fitted by the
+command line, ``emgrid fit`` with ``checkpoint_every = 1``, and a fault strikes at a random
+moment, in turn: the coordinator is killed (SIGKILL) or terminated (SIGTERM) on local or
+multiprocessing, a worker kills itself (``EMGRID_FAULT``, multiprocessing or mpi), or the
+launcher of an MPI fit is killed (SIGKILL). The fit is then resumed (``--resume``, or run
+again when no checkpoint was written) and its trace compared with the uninterrupted local
+one (1e-9 relative); its output folder must then hold only ``model.json``, ``report.json``
+and ``checkpoint.json``. Counted: fault fits, faults injected (the fit did not finish
+first), resumes equal to the uninterrupted runs, and what the faults left (in the leak
+counts above, and ``output_leftovers``).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -202,7 +214,7 @@ def _sysv_shm() -> set[str]:
 
 def snapshot() -> dict:
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    scratch = {p.name for p in Path(tempfile.gettempdir()).glob("emgrid-data-*")}
+    scratch = {p.name for p in Path(tempfile.gettempdir()).glob("emgrid-*") if not p.name.startswith("emgrid-soak-")}
     return {"pids": set(_processes()), "dev_shm": shm, "sysv_shm": _sysv_shm(), "scratch": scratch}
 
 
@@ -216,7 +228,8 @@ def leaks(before: dict) -> dict:
     for pid in _descendants(procs, me):
         cmd = procs[pid][1]
         (helpers if "resource_tracker" in cmd else children).append({"pid": pid, "cmd": cmd[:160]})
-    markers = ("multiprocessing.spawn", "multiprocessing.forkserver", "mpiexec", "hydra_pmi_proxy", BATCH_MARK)
+    markers = ("multiprocessing.spawn", "multiprocessing.forkserver", "mpiexec", "hydra_pmi_proxy", BATCH_MARK,
+               "emgrid.cli.main")
     strays = [{"pid": pid, "ppid": ppid, "cmd": cmd[:160]} for pid, (ppid, cmd) in procs.items()
               if pid not in before["pids"] and pid != me and pid not in {c["pid"] for c in children + helpers}
               and any(m in cmd for m in markers)]
@@ -253,6 +266,8 @@ def soak(args) -> dict:
     fits: list[dict] = []
     memory: list[dict] = []
     jobs: list[dict] = []
+    faults: list[dict] = []
+    rng = np.random.default_rng(args.seed)
     t_start = time.perf_counter()
     try:
         for chunk_start in range(0, n_models, args.chunk):
@@ -274,6 +289,14 @@ def soak(args) -> dict:
                 for job, got in zip(mpi_jobs, run_mpi_batch(mpi_jobs, args.max_iter, args.batch_timeout, folder)):
                     fits.append({"model": job["index"], "executor": "mpi", **got})
                 _progress(fits, args.fits, t_start)
+            for job in chunk:
+                if args.fault_share > 0 and rng.random() < args.fault_share:
+                    local = next((f["trace"] for f in fits if f["model"] == job["index"] and f["executor"] == "local"
+                                  and f["ok"]), None)
+                    if local is not None:
+                        faults.append(fault_fit(job, len(faults), rng, args.max_iter, folder, local))
+                        print(f"  fault {len(faults)}: {faults[-1]['fault']} on {faults[-1]['executor']}, "
+                              f"equal={faults[-1]['equal']}", file=sys.stderr)
             for job in chunk:  # every model's datasets can go once its fits are done
                 shutil.rmtree(job["dataset"], ignore_errors=True)
     finally:
@@ -291,7 +314,62 @@ def soak(args) -> dict:
         if f["ok"] and f["executor"] != "local":
             memory += memory_rows(by_job[f["model"]], f["executor"], f["peaks"])
     return {"fits": fits, "jobs": [{k: v for k, v in j.items() if k not in ("model", "plan", "dataset")} for j in jobs],
-            "memory": memory, "mismatches": mismatches, "leaks": leaks(before), "wall_s": wall}
+            "memory": memory, "mismatches": mismatches, "faults": faults, "leaks": leaks(before), "wall_s": wall}
+
+
+FAULT_KINDS = ("coordinator-kill", "worker", "coordinator-term", "launcher")
+
+
+def fault_fit(job: dict, number: int, rng: np.random.Generator, max_iter: int, folder: Path, baseline: list) -> dict:
+    """One command-line fit of ``job`` with a fault at a random moment, then its resume."""
+    from emgrid.models.data import flatten
+
+    kind = FAULT_KINDS[number % len(FAULT_KINDS)]
+    executor = {"coordinator-kill": ("local", "multiprocessing")[number // 4 % 2], "worker": ("multiprocessing", "mpi")[number // 4 % 2],
+                "coordinator-term": ("multiprocessing", "local")[number // 4 % 2], "launcher": "mpi"}[kind]
+    d = folder / f"fault{number}"
+    d.mkdir()
+    (d / "model.json").write_text(json.dumps(job["model"]))
+    np.savez(d / "data.npz", **flatten(_load(NpyDataset(job["dataset"]).open())))
+    (d / "run.toml").write_text(f"""[model]\nspec = "model.json"\n[data]\npath = "data.npz"\n[resources]\nworkers = 2
+latency_s = 1e-9\nbytes_per_s = 1e12\n[executor]\nkind = "{executor}"\n[fit]\nmax_iter = {max_iter}\ntol = 0.0
+checkpoint_every = 1\noutput = "out"\n""")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop(FAULT_ENV, None)
+    if kind == "worker":
+        env[FAULT_ENV] = f"kill:worker=0:iteration={int(rng.integers(1, max_iter + 1))}"
+    cmd = [sys.executable, "-m", "emgrid.cli.main", "fit", "run.toml", "--quiet"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if kind != "worker":
+        delay = float(rng.uniform(1.0, 6.0))  # start-up (imports, planning) takes 1-4 s: some faults strike before
+        try:
+            proc.wait(delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM if kind == "coordinator-term" else signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    injected = proc.returncode not in (0, 1)
+    expected = {"coordinator-kill": -signal.SIGKILL, "launcher": -signal.SIGKILL, "coordinator-term": 143, "worker": 3}[kind]
+    time.sleep(0.5)  # a killed launcher's job dies with it
+    out = d / "out"
+    resume = (out / "checkpoint.json").exists()
+    env.pop(FAULT_ENV, None)
+    again = subprocess.run(cmd + (["--resume"] if resume else []), cwd=d, env=env, capture_output=True, text=True,
+                           timeout=600)
+    trace = []
+    if (out / "report.json").exists():
+        trace = json.loads((out / "report.json").read_text())["log_likelihood"]
+    leftovers = sorted(p.name for p in out.iterdir() if p.name not in ("model.json", "report.json", "checkpoint.json")) \
+        if out.exists() else []
+    shutil.rmtree(d, ignore_errors=True)
+    return {"model": job["index"], "fault": kind, "executor": executor, "injected": injected,
+            "status": proc.returncode, "expected_status": expected, "fault_line": err.strip().splitlines()[-1:] if err else [],
+            "resumed": resume, "resume_status": again.returncode, "resume_error": again.stderr.strip()[-300:],
+            "equal": same_trace(trace, baseline), "leftovers": leftovers, "seconds": time.perf_counter() - t0}
 
 
 def _progress(fits, total, t0):
@@ -318,7 +396,14 @@ def summarize(run: dict, args) -> dict:
     lk = run["leaks"]
     leaked = len(lk["child_processes"]) + len(lk["stray_processes"]) + len(lk["dev_shm_new"]) + \
         len(lk["sysv_shm_new"]) + len(lk["scratch_new"])
-    return {"fits": len(run["fits"]), "failures": sum(not f["ok"] for f in run["fits"]),
+    fl = run.get("faults", [])
+    faults = {"fault_fits": len(fl), "faults_injected": sum(f["injected"] for f in fl),
+              "resumes_equal": sum(f["equal"] for f in fl), "resumes_differing": sum(not f["equal"] for f in fl),
+              "unexpected_status": sum(f["injected"] and f["status"] != f["expected_status"] for f in fl),
+              "output_leftovers": sum(len(f["leftovers"]) for f in fl)}
+    leaked += faults["output_leftovers"]
+    return {"faults": faults, "fits": len(run["fits"]), "failures": sum(not f["ok"] for f in run["fits"]) + faults["resumes_differing"]
+            + faults["unexpected_status"],
             "trace_mismatches": len(run["mismatches"]), "leaked": leaked, "per_executor": per_ex,
             "wall_s": run["wall_s"], "args": vars(args)}
 
@@ -341,6 +426,22 @@ def markdown(run: dict, s: dict) -> str:
                else "not compared (the caller's data is in the baseline)")
         lines.append(f"| {ex} | {p['fits']} | {p['failures']} | {p['median_s']:.2f} | {p['workers_compared']} | "
                      f"{p['within_25']} | {p['not_above_125']} | {rng} |")
+    fs = s["faults"]
+    lines += ["", f"**Faults: {fs['fault_fits']} command-line fits with a fault at a random moment, "
+              f"{fs['faults_injected']} struck before the fit finished, {fs['resumes_equal']} resumes equal to the "
+              f"uninterrupted run, {fs['resumes_differing']} differing, {fs['unexpected_status']} with an unexpected "
+              f"exit status, {fs['output_leftovers']} files left in output folders.**", ""]
+    if run.get("faults"):
+        lines += ["| fault | executor | fits | injected | resumed from a checkpoint | equal |", "|---|---|---:|---:|---:|---:|"]
+        for kind in FAULT_KINDS:
+            for ex in EXECUTORS:
+                group = [f for f in run["faults"] if f["fault"] == kind and f["executor"] == ex]
+                if group:
+                    lines.append(f"| {kind} | {ex} | {len(group)} | {sum(f['injected'] for f in group)} | "
+                                 f"{sum(f['resumed'] for f in group)} | {sum(f['equal'] for f in group)} |")
+        bad = [f for f in run["faults"] if not f["equal"] or f["leftovers"]]
+        lines += [f"- model {f['model']} ({f['fault']} on {f['executor']}): status {f['status']}, resume "
+                  f"{f['resume_status']} {f['resume_error'][:200]!r}, leftovers {f['leftovers']}" for f in bad[:20]]
     lines += ["", "Memory: each worker's peak RSS above its baseline (`FitResult.worker_peak_bytes`) against the "
               "plan's `per_worker[i].memory_bytes`; `bench/results/memory.md` breaks the prediction into its terms.",
               "", "## Leaks after the run", ""]
@@ -348,7 +449,7 @@ def markdown(run: dict, s: dict) -> str:
     for key, label in [("child_processes", "child processes still alive"),
                        ("stray_processes", "processes left by the run elsewhere"),
                        ("dev_shm_new", "new files in /dev/shm"), ("sysv_shm_new", "new System V segments"),
-                       ("scratch_new", "leftover emgrid-data-* folders")]:
+                       ("scratch_new", "new emgrid-* entries in /tmp")]:
         lines.append(f"- {label}: {len(lk[key])}" + (f" {lk[key]}" if lk[key] else ""))
     lines.append(f"- (not a leak) multiprocessing's resource tracker, alive as long as this process: "
                  f"{len(lk['helper_processes'])}")
@@ -383,6 +484,8 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=10, help="models per mpiexec batch")
     p.add_argument("--timeout", type=float, default=300.0, help="a multiprocessing worker's limit per iteration")
     p.add_argument("--batch-timeout", type=float, default=900.0, help="limit of one mpiexec batch")
+    p.add_argument("--fault-share", type=float, default=0.25,
+                   help="share of the models also fitted by `emgrid fit` with a fault, then resumed")
     p.add_argument("--out", default=str(HERE / "results" / "soak"))
     args = p.parse_args()
     run = soak(args)

@@ -5,7 +5,7 @@
                      # (a template, with parameters left out, is filled from the data)
 [data]               # paths = ["x.npz"] | path = "x.npy" | synthetic = 10000 (sampled from `truth`, default the model)
                      # path = "x.parquet" | "x.csv" (columns by name; drop_missing, sequence_id)
-[resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi"
+[resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi" | "dask" | "ray"
 [executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2 (as [resources] workers),
                      # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
@@ -45,8 +45,8 @@ def parse_memory(value) -> int:
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"memory must be a size such as '8GiB' or '512MB', got {value!r}")
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not n > 0:
-        raise ValueError(f"memory must be > 0, got {value!r}")
+    if not 0 < n < float("inf"):
+        raise ValueError(f"memory must be a finite size > 0, got {value!r}")
     return int(n)
 
 
@@ -74,10 +74,11 @@ class DataSection(_Strict):
 class ResourcesSection(_Strict):
     workers: int | None = Field(default=None, ge=1)
     memory: int | None = None
-    flops_per_s: float | None = Field(default=None, gt=0)
-    latency_s: float | None = Field(default=None, ge=0)
-    bytes_per_s: float | None = Field(default=None, gt=0)
-    detect: Literal["local", "mpi"] | None = None
+    flops_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    #: read the workers from this machine, the MPI job, or the Dask/Ray cluster of ``[executor]``
+    detect: Literal["local", "mpi", "dask", "ray"] | None = None
     file: str | None = None
 
     @field_validator("memory", mode="before")
@@ -87,7 +88,10 @@ class ResourcesSection(_Strict):
 
 
 class ExecutorSection(_Strict):
-    kind: Literal["local", "multiprocessing", "mpi"] = "local"
+    kind: Literal["local", "multiprocessing", "mpi", "dask", "ray"] = "local"
+    #: the cluster of the dask or ray executor (a scheduler address, ``"auto"`` or
+    #: ``"ray://host:port"``); none: a local cluster started for the run and closed after
+    address: str | None = None
     #: worker count, another name for ``[resources] workers`` (both given: they must agree)
     processes: int | None = Field(default=None, ge=1)
     #: seconds a worker may take to reach the end of an iteration before the fit stops
@@ -109,13 +113,17 @@ class ExecutorSection(_Strict):
         options = {"blas_threads": None if self.blas_threads == "inherit" else self.blas_threads}
         if self.timeout_s is not None:
             options["timeout_s"] = self.timeout_s
+        if self.address is not None:
+            options["address"] = self.address
         return options
 
     @model_validator(mode="after")
     def _timeout_needs_workers(self):
         if self.timeout_s is not None and self.kind == "local":
-            raise ValueError(f"timeout_s={self.timeout_s} applies to the multiprocessing and mpi executors, "
-                             "not local (which has no worker processes to wait for)")
+            raise ValueError(f"timeout_s={self.timeout_s} applies to the executors with workers to wait for "
+                             "(multiprocessing, mpi, dask, ray), not local")
+        if self.address is not None and self.kind not in ("dask", "ray"):
+            raise ValueError(f"address={self.address!r} applies to the dask and ray executors, not {self.kind}")
         return self
 
 
@@ -180,6 +188,8 @@ def load_config(path) -> RunConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deep to read (an inline spec deeper than a model may be)") from None
     return parse_config(raw, text=text, name=str(p), base_dir=str(p.parent))
 
 
@@ -200,7 +210,7 @@ def parse_config(raw: dict, *, text: str = "", name: str = "<config>", base_dir:
         elif err["type"] == "missing":
             msg = f"missing required section or key {where!r}"
         else:
-            msg = f"{where} = {err.get('input')!r}{at}: {err['msg']}"
+            msg = f"{where} = {err.get('input')!r}{at}: {err['msg'].removeprefix('Value error, ')}"
         raise ConfigError(f"{name}: {msg}") from None
     if "base_dir" in raw:
         raise ConfigError(f"{name}: unknown key 'base_dir'")

@@ -17,6 +17,12 @@ than 0 that stops on a FitError (it found a rank that hangs, say) writes its mes
 ``mpiexec`` runs, the parent watches the ranks' pids (Linux ``pidfd``, which works for
 processes that are not its children): the first rank to exit, in a job rank 0 did not finish,
 is the one that died. Without ``pidfd`` the line says that a rank died, not which.
+
+Signals and orphans (:func:`launch`): ``mpiexec`` runs in a session of its own and gets
+SIGKILL when the parent dies (``PR_SET_PDEATHSIG``), every rank when its parent (hydra's
+proxy) dies; Ctrl-C or SIGTERM at the parent asks rank 0 to stop after its iteration (a
+``stop`` file in the record), and a job that does not stop within :data:`STOP_GRACE_S` or at
+a second signal is killed with its process group.
 """
 
 from __future__ import annotations
@@ -24,10 +30,15 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+
+from .outdir import remove_partial_writes
 
 ENV = "EMGRID_MPI_RECORD"
 #: The command's exit code for a fit that failed while running (as emgrid.cli.main's EXIT_FAILED).
@@ -84,7 +95,14 @@ class RankRecord:
             pass  # the parent is gone or the folder with it: nothing to report to
 
     def started(self) -> None:
+        """Writes this rank's pid; the rank dies with its parent (hydra's proxy), so that no rank
+        outlives a job whose launcher or ``mpiexec`` was killed."""
+        set_parent_death_signal(signal.SIGKILL, os.getppid())
         self._write(f"pid.{self.rank}", str(os.getpid()))
+
+    def stop_requested(self) -> int | None:
+        """Rank 0, after each iteration: the signal the launcher was stopped with, if it was."""
+        return _read_int(self.folder / "stop")
 
     def progress(self, iteration: int) -> None:
         """Rank 0, after each iteration: how many are finished (counting a resumed run's)."""
@@ -104,20 +122,60 @@ class RankRecord:
         self._write(f"error.{self.rank}", message)
 
 
-def launch(cmd: list[str], plan, out: Path | None, max_iter: int) -> int:
+#: Seconds the parent waits, after it asked the job to stop (Ctrl-C or SIGTERM), for rank 0
+#: to finish its iteration, write its checkpoint and report; then it kills the job.
+STOP_GRACE_S = float(os.environ.get("EMGRID_STOP_GRACE_S", "30"))
+
+
+def launch(cmd: list[str], plan, out: Path | None, max_iter: int, record_dir: Path | None = None) -> int:
     """Runs ``cmd`` (``mpiexec ...``) and returns the command's exit code (see the module);
-    ``out``: the fit's output folder, where a failure's line looks for a checkpoint."""
-    folder = Path(tempfile.mkdtemp(prefix="emgrid-mpi-"))
+    ``out``: the fit's output folder, where a failure's line looks for a checkpoint;
+    ``record_dir``: the folder of the ranks' record (default: a new temporary folder).
+
+    ``mpiexec`` runs in a session of its own, so a terminal's Ctrl-C reaches this process
+    alone, and dies with it (``PR_SET_PDEATHSIG``; its ranks with their parents, see
+    :meth:`RankRecord.started`). Ctrl-C or SIGTERM here asks rank 0 to stop after its current
+    iteration (a ``stop`` file in the record, which it reads after each one): it writes its
+    checkpoint, every rank stops, and the command exits 130 or 143 as rank 0 reports. A job
+    that has not ended :data:`STOP_GRACE_S` seconds later, or at a second signal, is killed
+    (its process group), and the line says so.
+    """
+    folder = Path(record_dir) if record_dir is not None else Path(tempfile.mkdtemp(prefix="emgrid-mpi-"))
+    shm_before = _mpich_shm()
+    stop: dict = {"signum": None, "at": None}
+    proc = None
+
+    def on_signal(signum, frame):
+        if stop["signum"] is None:
+            stop["signum"], stop["at"] = signum, time.monotonic()
+            try:
+                (folder / "stop").write_text(str(signum))
+            except OSError:
+                pass
+        elif proc is not None:
+            _kill_job(proc)
+
+    handlers = {}
     try:
-        proc = subprocess.Popen(cmd, env=dict(os.environ, **{ENV: str(folder)}))
-        try:
-            first = _first_to_exit(proc, folder, plan.workers_used)
-        except KeyboardInterrupt:
-            first = None  # the ranks had it too: rank 0 writes its checkpoint and reports 130
-        status = proc.wait()
+        if threading.current_thread() is threading.main_thread():
+            handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        proc = subprocess.Popen(cmd, env=dict(os.environ, **{ENV: str(folder)}), start_new_session=True,
+                                preexec_fn=_die_with_parent(os.getpid()))
+        first = _first_to_exit(proc, folder, plan.workers_used, stop)
+        while True:
+            try:
+                status = proc.wait(0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if stop["at"] is not None and time.monotonic() - stop["at"] > STOP_GRACE_S:
+                    _kill_job(proc)
         code = _read_int(folder / "exit")
         if code is not None:
             return code
+        if stop["signum"] is not None:
+            print(f"emgrid: interrupted: the MPI job did not stop in time and was killed"
+                  f"{_checkpoint_note(out) if out is not None else ''}", file=sys.stderr)
+            return 128 + int(stop["signum"])
         if status == 0:
             return 0  # nothing recorded, nothing failed: an mpiexec that keeps the environment to itself
         errors = sorted(folder.glob("error.*"), key=lambda p: int(p.suffix[1:]))
@@ -128,10 +186,86 @@ def launch(cmd: list[str], plan, out: Path | None, max_iter: int) -> int:
         print(f"emgrid: fit failed: {message}{_checkpoint_note(out) if out is not None else ''}", file=sys.stderr)
         return EXIT_FAILED
     finally:
+        if proc is not None and proc.poll() is None:  # this process is being torn down: so is the job
+            _kill_job(proc)
+        if out is not None and proc is not None and proc.poll() is not None:
+            remove_partial_writes(out)  # a rank killed mid-write leaves its temporary file
+        for s, h in handlers.items():
+            signal.signal(s, h)
         shutil.rmtree(folder, ignore_errors=True)
+        _remove_leaked_shm(shm_before)
 
 
-def _first_to_exit(proc: subprocess.Popen, folder: Path, n_ranks: int) -> list[int] | None:
+def _kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL to ``mpiexec``'s process group (its proxies and ranks with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int, parent: int | None = None) -> None:
+    """Linux: this process gets ``sig`` when its parent dies (a no-op elsewhere); when the
+    parent ``parent`` is already gone, exits at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + int(sig))
+
+
+def _die_with_parent(parent: int):
+    def preexec():
+        set_parent_death_signal(signal.SIGKILL, parent)
+
+    return preexec
+
+
+def _mpich_shm() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    except OSError:
+        return set()
+
+
+def _remove_leaked_shm(before: set[str]) -> None:
+    """MPICH's shared-memory segments the job made and left (ranks killed before they could
+    unlink them): those new since the job started that no live process maps."""
+    new = _mpich_shm() - before
+    if not new:
+        return
+    in_use = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if "/dev/shm/mpich_shm_" in line:
+                        in_use.add(line.rsplit("/", 1)[-1].split()[0])
+        except OSError:
+            continue
+    for name in new - in_use:
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+
+
+def _first_to_exit(proc: subprocess.Popen, folder: Path, n_ranks: int, stop: dict | None = None) -> list[int] | None:
     """Waits for ``mpiexec`` to exit; returns the rank(s) that exited first, or None.
 
     Several ranks when they exit between two looks (``mpiexec`` kills the others within
@@ -167,6 +301,8 @@ def _first_to_exit(proc: subprocess.Popen, folder: Path, n_ranks: int) -> list[i
                     watched[fd] = rank
                     poller.register(fd, select.POLLIN)
             events = poller.poll(50)
+            if stop is not None and stop["at"] is not None and time.monotonic() - stop["at"] > STOP_GRACE_S:
+                _kill_job(proc)
             done = False
             for fd, _ in events:
                 if fd == job:

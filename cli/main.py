@@ -1,18 +1,28 @@
 """``emgrid``: plan and fit nested models by EM on a D x M worker grid.
 
 Exit codes: 0 done; 1 the fit did not converge within ``max_iter``; 2 bad input
-(config, model, data, resources); 3 the fit failed while running (a worker died, the
-statistics became non-finite); 130 interrupted; 141 the reader of the output went away
-(``emgrid plan ... | head``: silent, as a command killed by SIGPIPE).
+(config, model, data, resources, an output folder that cannot be made, written or locked, a
+checkpoint that is damaged or belongs to another run); 3 the fit failed while running (a
+worker died, the statistics became non-finite, a result could not be written); 130
+interrupted (Ctrl-C), 143 terminated (SIGTERM): either writes the checkpoint of the last
+finished iteration first; 141 the reader of the output went away (``emgrid plan ... | head``:
+silent, as a command killed by SIGPIPE).
+
+``emgrid fit`` makes, checks and locks its output folder before any work
+(``emgrid.cli.outdir``), writes every file atomically, and keeps every temporary file of the
+run in that folder; a checkpoint records what run it belongs to (``emgrid.cli.checkpoint``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -34,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--workers", type=int, help="plan for this many workers")
         sp.add_argument("--memory", help="memory per worker, e.g. 4GiB")
         sp.add_argument("--flops", type=float, help="FLOP/s per worker")
-        sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi"], help="override [executor] kind")
+        sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray"], help="override [executor] kind")
 
     sp = sub.add_parser("plan", help="print the balance plan for a config")
     overrides(sp)
@@ -56,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="run a built-in heterogeneous example end to end")
     sp.add_argument("--rows", type=int, default=20000)
-    sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi"], default="local")
+    sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray"], default="local")
     sp.add_argument("--quiet", action="store_true")
     add_predict_parser(sub)
     return p
@@ -104,7 +114,15 @@ def _config(args):
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         flag = _FLAGS.get(where, where)
-        raise ConfigError(f"{flag} {err.get('input')!r}: {err['msg']}") from None
+        raise ConfigError(f"{flag} {err.get('input')!r}: {_must(err)}") from None
+
+
+def _must(err: dict) -> str:
+    """A pydantic error's rule as the flag's own words (``must be >= 1``)."""
+    ctx = err.get("ctx") or {}
+    words = {"greater_than_equal": f"must be >= {ctx.get('ge')}", "greater_than": f"must be > {ctx.get('gt')}",
+             "finite_number": "must be a finite number", "less_than_equal": f"must be <= {ctx.get('le')}"}
+    return words.get(err["type"], err["msg"].removeprefix("Value error, "))
 
 
 def _plan(cfg, model, n):
@@ -151,7 +169,9 @@ def _under_mpiexec() -> bool:
 def cmd_fit(args) -> int:
     from emgrid.models import complete_shapes
 
+    from .checkpoint import fingerprint
     from .launch import RankRecord
+    from .outdir import OutputFolder
     from .session import build_data, build_model, table_dataset
 
     cfg = _config(args)
@@ -160,36 +180,84 @@ def cmd_fit(args) -> int:
     record = RankRecord.here()  # a rank of a job _launch_mpi started: tell the parent how it went
     if record is not None:
         record.started()
-    model = build_model(cfg)
-    # a .parquet / .csv file: every worker reads only its rows of it (the dataset's folder
-    # holds the row offsets and lives as long as the fit)
-    with tempfile.TemporaryDirectory(prefix="emgrid-table-") as scratch:
-        table = table_dataset(cfg, model, scratch)
-        data = table if table is not None else build_data(cfg, model)
-        # a template's sizes from the data, before planning
-        model = complete_shapes(model, table.open(lazy=True) if table is not None else data)
-        n = table.n_rows if table is not None else _n_rows(data)
-        plan = _plan(cfg, model, n)
-        return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record)
+        _release_mpi_files()
+    lead = _rank() == 0
+    out = cfg.resolve(cfg.fit.output)
+    # the folder is made, checked and locked before any work (the launcher of an MPI job holds
+    # the lock for its ranks); its scratch holds every temporary file of the run
+    folder = OutputFolder.open(out) if lead and record is None else None
+    try:
+        model = build_model(cfg)
+        scratch = folder.scratch("table") if folder is not None else _rank_scratch(record, "table")
+        # a .parquet / .csv file: every worker reads only its rows of it (the dataset's folder
+        # holds the row offsets and lives as long as the fit)
+        with tempfile.TemporaryDirectory(prefix="emgrid-table-", dir=scratch) as tables:
+            table = table_dataset(cfg, model, tables)
+            data = table if table is not None else build_data(cfg, model)
+            # a template's sizes from the data, before planning
+            model = complete_shapes(model, table.open(lazy=True) if table is not None else data)
+            n = table.n_rows if table is not None else _n_rows(data)
+            plan = _plan(cfg, model, n)
+            fp = fingerprint(cfg, model, n, plan)
+            options = {}
+            if cfg.executor.kind == "multiprocessing":  # its copy of the data, in the folder's scratch
+                options["tmp_dir"] = str(folder.scratch("data") if folder is not None else tables)
+            return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record,
+                           fingerprint=fp, executor_options=options)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _release_mpi_files() -> None:
+    """Once every rank has started MPI, MPICH's shared-memory files are unlinked (the ranks
+    keep their mappings), so that no end of the job leaves them in /dev/shm."""
+    from mpi4py import MPI
+
+    from emgrid.executors.mpi import release_shared_memory_files
+
+    MPI.COMM_WORLD.Barrier()
+    release_shared_memory_files(MPI.COMM_WORLD)
+
+
+def _rank_scratch(record, what: str) -> str | None:
+    """A rank's scratch under its launcher's record folder (in the output folder), or the
+    system's temporary folder for a rank of the user's own mpiexec."""
+    if record is None:
+        return None
+    d = record.folder / f"{what}-{record.rank}"
+    d.mkdir(exist_ok=True)
+    return str(d)
 
 
 def _launch_mpi(args, cfg) -> int:
     """Re-runs this command under ``mpiexec`` with one rank per worker of the plan.
 
-    Exits with the command's own code as rank 0 reports it; a job that ends without rank 0's
-    report (a rank died and ``mpiexec`` killed the others) is a failed fit: 3, and one line
-    naming the rank, the iteration and the checkpoint (see ``emgrid.cli.launch``).
+    The output folder is made, checked and locked here, and a ``--resume`` checked against
+    its checkpoint, before any rank starts. Exits with the command's own code as rank 0
+    reports it; a job that ends without rank 0's report (a rank died and ``mpiexec`` killed
+    the others) is a failed fit: 3, and one line naming the rank, the iteration and the
+    checkpoint (see ``emgrid.cli.launch``).
     """
+    from .checkpoint import fingerprint, read_checkpoint
     from .launch import launch, mpi_command
+    from .outdir import OutputFolder
     from .session import build_model, shaped_model
 
-    model, n = shaped_model(cfg, build_model(cfg))
-    plan = _plan(cfg, model, n)
-    cmd = mpi_command(plan.workers_used, ["fit"] + sys.argv[sys.argv.index("fit") + 1:], debug=args.debug)
-    return launch(cmd, plan, cfg.resolve(cfg.fit.output), cfg.fit.max_iter)
+    out = cfg.resolve(cfg.fit.output)
+    with OutputFolder.open(out) as folder:
+        model, n = shaped_model(cfg, build_model(cfg))
+        plan = _plan(cfg, model, n)
+        if args.resume:
+            read_checkpoint(out, fingerprint(cfg, model, n, plan), max_iter=cfg.fit.max_iter)
+        cmd = mpi_command(plan.workers_used, ["fit"] + sys.argv[sys.argv.index("fit") + 1:], debug=args.debug)
+        return launch(cmd, plan, out, cfg.fit.max_iter, record_dir=folder.scratch("mpi"))
 
 
 def _rank() -> int:
+    """This process's MPI rank: 0 outside ``mpiexec``, where MPI is neither imported nor initialized."""
+    if not _under_mpiexec():
+        return 0
     try:
         from mpi4py import MPI
 
@@ -198,12 +266,18 @@ def _rank() -> int:
         return 0
 
 
-def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -> int:
+def _signal_exit(e: BaseException) -> int:
+    return 128 + int(getattr(e, "signum", signal.SIGINT))
+
+
+def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, fingerprint=None,
+            executor_options=None) -> int:
     from emgrid.executors import get as get_executor
     from emgrid.executors import optimize
     from emgrid.models.errors import ConvergenceWarning, FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
+    from .outdir import OutputError, write_atomic
     from .progress import Progress
     from .report import plan_table
 
@@ -211,7 +285,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     lead = _rank() == 0
     done, trace = 0, []
     if resume:
-        done, model, trace = read_checkpoint(out)
+        done, model, trace = read_checkpoint(out, fingerprint, max_iter=cfg.fit.max_iter)
     if not quiet and lead:
         print(plan_table(plan))
         print()
@@ -222,6 +296,13 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     if record is not None:
         record.progress(done)
 
+    def save(iteration, current_model, so_far):
+        try:
+            write_checkpoint(out, iteration, current_model, so_far, fingerprint)
+        except OutputError as e:
+            raise FitError(f"{e}; the fit stopped after iteration {iteration}") from None
+        state["saved"] = iteration
+
     def callback(iteration, loglik, so_far):
         current_model = so_far.model
         state["trace"].append(loglik)
@@ -231,38 +312,59 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
             record.progress(done + iteration)
         k = cfg.fit.checkpoint_every
         if k and lead and (done + iteration) % k == 0:
-            write_checkpoint(out, done + iteration, current_model, state["trace"])
-            state["saved"] = done + iteration
+            save(done + iteration, current_model, state["trace"])
+        if record is not None and record.stop_requested():
+            raise Interrupted(record.stop_requested())  # the launcher was interrupted: stop here
 
     t0 = time.perf_counter()
     try:
         if remaining > 0:
             f = cfg.fit
-            executor = get_executor(cfg.executor.kind, **cfg.executor.executor_options())
+            executor = get_executor(cfg.executor.kind, **cfg.executor.executor_options(), **(executor_options or {}))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ConvergenceWarning)
                 result = optimize(data, model, plan=plan, executor=executor,
                                   max_iter=remaining, tol=f.tol, callback=callback, n_init=f.n_init, seed=f.seed,
                                   init=f.init, init_iter=f.init_iter, reg_covar=f.reg_covar,
-                                  pseudo_count=f.pseudo_count)
+                                  pseudo_count=f.pseudo_count,
+                                  previous_log_likelihood=trace[-1] if trace else None)
             fit_warnings = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
                             and not str(w.message).startswith("not converged")]  # the note below says it
         else:
             result, fit_warnings = None, []
-    except KeyboardInterrupt:
-        progress.close()
-        if lead and state["trace"]:
-            write_checkpoint(out, done + len(state["trace"]) - len(trace), state["model"], state["trace"])
-            print(f"interrupted: checkpoint written to {out}; continue with --resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # Ctrl-C (130) or SIGTERM (143): keep every finished iteration; a second signal while
+        # the checkpoint is written does not cut it short
+        code = _signal_exit(e)
+        with _signals_ignored():
+            progress.close()
+            if not lead:
+                return code
+            reached = done + len(state["trace"]) - len(trace)
+            if reached > state["saved"]:
+                try:
+                    write_checkpoint(out, reached, state["model"], state["trace"], fingerprint)
+                    state["saved"] = reached
+                except OutputError as err:
+                    print(f"emgrid: interrupted; {err}", file=sys.stderr)
+                    return code
+            if state["saved"] > 0:
+                print(f"emgrid: interrupted: the checkpoint of iteration {state['saved']} is in {out}; "
+                      "continue with --resume", file=sys.stderr)
+            else:
+                print("emgrid: interrupted before the first iteration finished; nothing to resume", file=sys.stderr)
+        return code
     except FitError as e:
         # A worker died or the statistics went non-finite: keep every finished iteration
         # (the model after the last M-step that completed) so --resume continues from it.
         progress.close()
         reached = done + len(state["trace"]) - len(trace)
         if lead and reached > state["saved"]:
-            write_checkpoint(out, reached, state["model"], state["trace"])
-            state["saved"] = reached
+            try:
+                write_checkpoint(out, reached, state["model"], state["trace"], fingerprint)
+                state["saved"] = reached
+            except OutputError:
+                pass
         if lead and state["saved"] > 0:
             e.args = (f"{e}; the checkpoint of iteration {state['saved']} is in {out}: continue with --resume",)
         raise
@@ -271,11 +373,9 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
         return EXIT_OK
     for line in fit_warnings:
         print(f"emgrid: warning: {line}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
     fitted = result.model if result is not None else model
     full_trace = list(trace) + (list(result.log_likelihood) if result is not None else [])
     converged = bool(result.converged) if result is not None else False
-    (out / "model.json").write_text(json.dumps(fitted.to_spec(), indent=1))
     report = {
         "plan": json.loads(plan.to_json()),
         "log_likelihood": full_trace,
@@ -288,9 +388,14 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
     if result is not None and result.init_log_likelihoods:
         report["init"] = {"log_likelihoods": result.init_log_likelihoods, "best": result.init_best,
                           "seconds": result.init_s, "seeding_seconds": result.init_seeding_s}
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
-    if cfg.fit.checkpoint_every:
-        write_checkpoint(out, len(full_trace), fitted, full_trace)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "model.json", json.dumps(fitted.to_spec(), indent=1))
+        write_atomic(out / "report.json", json.dumps(report, indent=1, default=float))
+        if cfg.fit.checkpoint_every:
+            write_checkpoint(out, len(full_trace), fitted, full_trace, fingerprint)
+    except (OutputError, OSError) as e:
+        raise FitError(f"the fit finished but its results cannot be written: {e}") from None
     if not quiet:
         print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
     print(fit_summary(fitted, _n_rows(data), len(full_trace), converged, full_trace[-1] if full_trace else None))
@@ -299,6 +404,32 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None) -
               f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
         return EXIT_NOT_CONVERGED
     return EXIT_OK
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or the launcher's stop request) as Ctrl-C is: ``signum`` decides the exit code."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """SIGINT and SIGTERM held off (in the main thread) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def cmd_demo(args) -> int:
@@ -330,16 +461,37 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    from emgrid.models.errors import EmgridError, FitError
-
     handlers = {"plan": cmd_plan, "fit": cmd_fit, "demo": cmd_demo, "advise": cmd_advise, "predict": cmd_predict}
     record = None
     if args.command in ("fit", "demo") and _under_mpiexec():
         from .launch import RankRecord
 
         record = RankRecord.here()  # this is a rank of a job `emgrid fit` started: report to it
+    previous = None
+    if record is None and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)  # SIGTERM stops a run as Ctrl-C does: 143
     try:
-        code = handlers[args.command](args)
+        code = _handle(handlers[args.command], args, record)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if record is not None and record.rank == 0:
+        record.finished(code)
+    return code
+
+
+def _handle(handler, args, record) -> int:
+    """Runs one command; every error it raises becomes one line and an exit code."""
+    from emgrid.models.errors import EmgridError, FitError
+
+    try:
+        code = handler(args)
+    except KeyboardInterrupt as e:  # outside a fit's iterations (run_fit handles its own)
+        if args.debug:
+            raise
+        code = _signal_exit(e)
+        if record is None or record.rank == 0:
+            print("emgrid: interrupted", file=sys.stderr)
     except EmgridError as e:
         if args.debug:
             raise
@@ -353,8 +505,14 @@ def _run(args) -> int:
         elif record is not None:  # the parent prints it when rank 0 cannot (it is the rank that hangs)
             record.failed(str(e))
         code = EXIT_FAILED
-    if record is not None and record.rank == 0:
-        record.finished(code)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: main() ends quietly
+    except OSError as e:  # a file of the run that could not be read or written: one line
+        if args.debug:
+            raise
+        where = f" {e.filename!r}" if e.filename else ""
+        print(f"emgrid: error: cannot use{where}: {e.strerror or e}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
     return code
 
 

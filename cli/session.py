@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from emgrid.models import Node, complete_shapes, concat_rows, from_spec, load_model
-from emgrid.models.data import unflatten
 from emgrid.models.errors import ConfigError, DataError
 from emgrid.models.tables import FILE_SUFFIXES, Table, bind
+
+from emgrid.executors.datafiles import load_npy, load_npz, row_shapes
 
 from .config import RunConfig
 
@@ -62,11 +63,15 @@ def _load_file(path: Path, cfg: RunConfig, model: Node):
         d = cfg.data
         return model.prepare(Table(str(path), sequence_id=d.sequence_id, drop_missing=d.drop_missing))
     if path.suffix == ".npy":
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return load_npy(path)
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return unflatten({k: z[k] for k in z.files})
+        return load_npz(path)
     raise ConfigError(f"[data] file {str(path)!r} must be .npy, .npz, .parquet or .csv")
+
+
+def _shape_text(part) -> str:
+    shapes = [s for s in row_shapes(part) if not (isinstance(s, tuple) and s and isinstance(s[0], str))]
+    return ", ".join(str(s) for s in shapes) if len(shapes) > 1 else str(shapes[0])
 
 
 def build_data(cfg: RunConfig, model: Node):
@@ -96,6 +101,10 @@ def build_data(cfg: RunConfig, model: Node):
             parts = [_load_file(cfg.resolve(p), cfg, model) for p in paths]
         except DataError as e:
             raise DataError(f"[data] {e}") from None
+        for p, part in zip(paths[1:], parts[1:]):
+            if row_shapes(part) != row_shapes(parts[0]):
+                raise DataError(f"[data] paths: {p!r} has rows of shape {_shape_text(part)}, "
+                                f"{paths[0]!r} of shape {_shape_text(parts[0])}; every file must hold rows of one kind")
         raw = parts[0] if len(parts) == 1 else concat_rows(parts)
     try:
         return model.prepare(raw)
@@ -125,6 +134,17 @@ def build_resources(cfg: RunConfig):
     return res
 
 
+def _cluster_resources(cfg: RunConfig, engine: str):
+    """The workers of the ``[executor]``'s Dask or Ray cluster as that engine reports them."""
+    from emgrid.executors import get
+
+    if cfg.executor.kind != engine:
+        raise ConfigError(f"[resources] detect = {engine!r} needs [executor] kind = {engine!r}, "
+                          f"got {cfg.executor.kind!r}")
+    address = {} if cfg.executor.address is None else {"address": cfg.executor.address}
+    return get(engine, **address).default_resources()
+
+
 def _config_resources(cfg: RunConfig):
     from emgrid.planner import Network, Resources
     from emgrid.planner.resources import DEFAULT_FLOPS_PER_S
@@ -135,6 +155,8 @@ def _config_resources(cfg: RunConfig):
         return Resources.from_file(cfg.resolve(r.file))
     if r.detect == "mpi":
         return Resources.from_mpi(flops_per_s=flops)
+    if r.detect in ("dask", "ray"):
+        return _cluster_resources(cfg, r.detect)
     workers = r.workers or cfg.executor.processes
     if r.detect == "local" or (workers is None and r.memory is None):
         res = Resources.local(workers, flops_per_s=flops)

@@ -40,7 +40,8 @@ def _check_count(value, name: str, minimum: int) -> int:
 def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: Resources | None = None,
              executor: str | Executor = "local", max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
              callback: Callback | None = None, n_init: int = 1, seed: int = 0, init: str = "auto",
-             init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0) -> FitResult:
+             init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
+             previous_log_likelihood: float | None = None) -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -66,6 +67,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     - Stops when ``|ll_t - ll_{t-1}| <= tol * |ll_t|`` or after ``max_iter`` iterations;
       ``callback(iteration, log_likelihood, result_so_far)`` runs after each iteration of
       the final run (not the refinement of the starts).
+    - ``previous_log_likelihood``: the log-likelihood of the iteration before ``model`` (a
+      resumed fit's last), so the first iteration's convergence test compares against it.
     - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
       ``pseudo_count`` (added to every count behind a probability) regularize each M-step
       (``models.regularize``); 0, the default, leaves the fit as the floors make it.
@@ -96,7 +99,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
             scratch = tempfile.mkdtemp(prefix="emgrid-table-")
             data = NpyDataset.from_table(table, model, scratch)
     try:
-        result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg)
+        result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
+                           previous_log_likelihood)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -104,7 +108,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     return result
 
 
-def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg):
+def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
+              previous_log_likelihood):
     if isinstance(data, NpyDataset):
         prepared, n = data, data.n_rows
     else:
@@ -120,6 +125,8 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
     elif resources is not None:
         validate_plan(plan, model, resources, n)
     check_plan_structure(plan, model, n, strict=False)
+    if resources is None:
+        check_plan_figures(plan)
     ex.check_plan(plan)
     starts: tuple[Node, ...] = ()
     t0 = perf_counter()
@@ -128,11 +135,28 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
         model = starts[0]
     seeding_s = perf_counter() - t0
     result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
-                           regularization=reg, starts=starts, start_iter=init_iter))
+                           regularization=reg, starts=starts, start_iter=init_iter,
+                           previous_log_likelihood=previous_log_likelihood))
     if starts:
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
     return result
+
+
+def check_plan_figures(plan: BalancePlan) -> None:
+    """A plan run without the resources it was made for (``validate_plan`` needs them) still
+    agrees with itself: every worker's rows are its replica's, and its predicted memory is
+    within its recorded limit. PlanError naming the worker otherwise (a plan edited by hand)."""
+    from emgrid.models.errors import PlanError
+
+    for w in plan.per_worker:
+        if not 0 <= w.replica < len(plan.replica_rows) or w.rows != plan.replica_rows[w.replica]:
+            raise PlanError(f"plan: worker {w.name!r} has {w.rows} rows but replica {w.replica} has "
+                            f"{plan.replica_rows[w.replica] if 0 <= w.replica < len(plan.replica_rows) else 'none'} "
+                            "(replica_rows); plan again, or pass the resources to validate it")
+        if w.memory_limit is not None and w.memory_bytes > w.memory_limit:
+            raise PlanError(f"plan: worker {w.name!r} needs {w.memory_bytes} bytes but its memory_limit is "
+                            f"{w.memory_limit}; plan again, or pass the resources to validate it")
 
 
 def warn_about(result: FitResult, max_iter: int, tol: float) -> None:

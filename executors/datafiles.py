@@ -171,3 +171,83 @@ class NpyDataset:
     def __repr__(self) -> str:
         return f"NpyDataset({str(self.directory)!r}, n_rows={self.n_rows})"
 
+
+
+def load_npy(path) -> np.ndarray:
+    """A ``.npy`` file of numbers, memory-mapped; DataError naming the file and what is wrong
+    (a folder, not a ``.npy`` file, a truncated header, Python objects, fewer bytes than its
+    header claims)."""
+    p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{str(p)!r} is a folder, not a .npy file")
+    fmt = np.lib.format
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            try:
+                version = fmt.read_magic(f)
+            except ValueError:
+                raise DataError(f"{str(p)!r} is not a .npy file ({'empty' if size == 0 else 'no NumPy magic at its start'})") from None
+            try:
+                read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+            except (ValueError, EOFError, SyntaxError) as e:
+                raise DataError(f"{str(p)!r} has a damaged .npy header ({str(e).splitlines()[0][:120]})") from None
+            header = f.tell()
+    except OSError as e:
+        raise DataError(f"cannot read {str(p)!r}: {e.strerror}") from None
+    if dtype.hasobject:
+        raise DataError(f"{str(p)!r} holds Python objects ({dtype}), not numbers; emgrid does not unpickle data")
+    claimed = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if size - header < claimed:
+        raise DataError(f"{str(p)!r} is truncated: its header claims shape {tuple(shape)} of {dtype} "
+                        f"({claimed} bytes), the file holds {size - header} bytes after the header")
+    try:
+        if claimed == 0:
+            return np.load(p, allow_pickle=False)
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"cannot read {str(p)!r}: {str(e).splitlines()[0][:160]}") from None
+
+
+def load_npz(path) -> Data:
+    """The data of a ``.npz`` file (``models.data.unflatten``'s layout); DataError naming the
+    file and what is wrong (not a zip archive, a damaged or pickled member, arrays the layout
+    does not use)."""
+    import zipfile
+
+    from emgrid.models.data import flatten, unflatten
+
+    p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{str(p)!r} is a folder, not a .npz file")
+    try:
+        if not zipfile.is_zipfile(p):
+            raise DataError(f"{str(p)!r} is not a .npz file (not a zip archive, or truncated)")
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {}
+            for k in z.files:
+                try:
+                    arrays[k] = z[k]
+                except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                    raise DataError(f"{str(p)!r}: array {k!r} cannot be read "
+                                    f"({str(e).splitlines()[0][:120]})") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        raise DataError(f"cannot read {str(p)!r}: {getattr(e, 'strerror', None) or str(e).splitlines()[0][:120]}") from None
+    data = unflatten(arrays)
+    extra = sorted(set(arrays) - set(flatten(data)))
+    if extra:
+        raise DataError(f"{str(p)!r} has arrays the data layout does not use: {', '.join(extra[:8])}"
+                        f"{' ...' if len(extra) > 8 else ''} (it reads {', '.join(sorted(flatten(data))[:8])})")
+    return data
+
+
+def row_shapes(data) -> list:
+    """The shape of one row of every column (a signature two parts of one dataset share)."""
+    if data is None:
+        return [None]
+    if isinstance(data, tuple):
+        return [("tuple", len(data))] + [s for d in data for s in row_shapes(d)]
+    if isinstance(data, Ragged):
+        return [("ragged",)] + row_shapes(data.values)
+    return [tuple(np.shape(data)[1:])]

@@ -72,7 +72,7 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
     ``job.starts``, each start first runs ``job.start_iter`` iterations and the one with the
     highest log-likelihood continues (the others reported in ``init_log_likelihoods``)."""
     if not job.starts:
-        return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0)
+        return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0, job.previous_log_likelihood)
     t0 = perf_counter()
     refined, done = [], 0
     for start in job.starts:
@@ -86,11 +86,12 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
     return result
 
 
-def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int) -> FitResult:
-    """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``."""
+def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int,
+        previous: float | None = None) -> FitResult:
+    """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``;
+    ``previous`` is the log-likelihood of the iteration before ``model``, if any."""
     result = FitResult(model=model, plan=job.plan, executor=executor)
     layout = grid.layout
-    previous: float | None = None
     for it in range(1, max_iter + 1):
         t_start = perf_counter()
         payloads = shard_payloads(model, layout)

@@ -23,6 +23,16 @@ collectives (an error in the reduce or M-step machinery itself) still aborts the
 the whole job by the process manager (``mpiexec``/hydra reports the dead process and
 exits non-zero): MPI collectives cannot outlive a member.
 
+Stopping. A callback that raises KeyboardInterrupt on the coordinator (``emgrid fit`` does
+when its launcher was interrupted) stops the fit between iterations: the coordinator tells
+every rank to stop instead of sending the next model, and every rank raises
+KeyboardInterrupt, with nothing aborted. A KeyboardInterrupt in the middle of an iteration
+still aborts the job (the other ranks wait in a collective).
+
+Shared memory. Once every rank has started, each unlinks the ``/dev/shm/mpich_shm_*`` files
+it maps (:func:`release_shared_memory_files`): the mappings stay, and a job that ends
+abnormally leaves nothing in ``/dev/shm``.
+
 Timeouts. A rank that hangs (never reaches the next exchange) neither dies nor raises, so
 nothing above notices it. With ``timeout_s`` (as the multiprocessing executor's: the longest
 one iteration may take; ``None``, the default, waits forever), every rank moves its messages
@@ -59,7 +69,7 @@ import re
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import ClassVar
 
@@ -618,6 +628,9 @@ class MpiGrid:
                         abort_job(c.world)
                         raise
                 net.finish()
+            elif kind == "stop":  # the coordinator's callback stopped the fit (Ctrl-C, SIGTERM)
+                net.flush()
+                raise KeyboardInterrupt()
             elif kind == "done":
                 body = net.bcast(None, c.coordinator)  # the result, pickled once
                 net.flush()
@@ -626,6 +639,32 @@ class MpiGrid:
                 net.flush()
                 message, trace = body
                 raise _fit_error(message, trace)
+
+
+_SHM_RELEASED = False
+
+
+def release_shared_memory_files(world) -> None:
+    """Unlinks the ``/dev/shm/mpich_shm_*`` files this rank maps, once every rank of the job
+    has passed ``MPI_Init`` (``world`` is the whole job and a collective on it just ran): the
+    mappings stay, and a job that ends abnormally (a rank killed, ``MPI_Abort``) leaves
+    nothing in ``/dev/shm``. Only the whole job's communicator qualifies, once per process."""
+    global _SHM_RELEASED
+    from mpi4py import MPI
+
+    if _SHM_RELEASED or world.Get_size() != MPI.COMM_WORLD.Get_size() or not os.path.exists("/proc/self/maps"):
+        return
+    _SHM_RELEASED = True
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split()[-1] for line in f if "/dev/shm/mpich_shm_" in line and "(deleted)" not in line}
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass  # another rank of this machine unlinked it first
 
 
 def abort_job(world) -> None:
@@ -700,6 +739,7 @@ class MpiExecutor(BaseExecutor):
         if any(f[:2] != facts[0][:2] for f in facts):
             raise ConfigError("every MPI rank must pass the same timeout_s and startup_timeout_s; got "
                               + ", ".join(f"rank {r}: {f[0]!r}, {f[1]!r}" for r, f in enumerate(facts)))
+        release_shared_memory_files(world)
         comms = _Comms(world, job.plan, grid_layout(job.model, job.plan))
         if self.timeout_s is None:
             net = _Blocking(world)
@@ -717,10 +757,29 @@ class MpiExecutor(BaseExecutor):
 
     def _coordinate(self, grid: MpiGrid, job: FitJob) -> FitResult:
         world, root, net = self.comm, grid.comms.coordinator, grid.net
+        stopped = []
+        if job.callback is not None:
+            callback = job.callback
+
+            def guarded(*args):
+                try:
+                    return callback(*args)
+                except KeyboardInterrupt:
+                    stopped.append(True)  # between iterations: every other rank waits for the next model
+                    raise
+
+            job = replace(job, callback=guarded)
         try:
             result = run_em(grid, job, self.name)
         except _NoAnswer:
             raise  # every rank that answers was told; a rank that hangs cannot be
+        except KeyboardInterrupt:
+            if not stopped:  # mid-iteration: the other ranks wait in a collective
+                abort_job(world)
+                raise
+            grid.tell(("stop", None))  # the caller's callback stopped the fit: every rank stops alike
+            net.flush()
+            raise
         except FitError as e:
             trace = next((n.split("\n", 1)[1] for n in getattr(e, "__notes__", ()) if "\n" in n), None)
             grid.tell(("error", (str(e), trace)))

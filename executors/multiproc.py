@@ -18,6 +18,9 @@ A worker's target and arguments are emgrid's own, so it needs nothing from the c
 once and fits. Only a model with a node class defined in ``__main__`` makes the workers
 import the script (to unpickle it), which then needs the guard.
 
+A SIGTERM to the parent while it runs a fit (with the default action in place) unwinds it:
+the workers stop and the temporary copy of the data goes, then the process exits 143.
+
 A worker that raises or dies stops the fit with a FitError naming it and the iteration;
 the parent never blocks on a dead worker. When one
 worker of a model-parallel replica fails, its peers lose their pipes to it and report
@@ -30,8 +33,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import traceback
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
@@ -338,6 +343,25 @@ class ProcessGrid:
             c.close()
 
 
+@contextmanager
+def _terminate_unwinds():
+    """While a fit runs, a SIGTERM that would kill the coordinator outright (the default
+    action) raises SystemExit(143) instead, so that the workers are stopped and the data's
+    temporary copy removed on the way out. A handler the caller installed is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class MultiprocessingExecutor(BaseExecutor):
     """Worker processes on this machine, one per grid cell.
 
@@ -368,7 +392,7 @@ class MultiprocessingExecutor(BaseExecutor):
         self.worker_pids: list[int] = []
 
     def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
+        with limited(self.blas_threads), _terminate_unwinds():
             return self._run(job)
 
     def _run(self, job: FitJob) -> FitResult:

@@ -35,6 +35,8 @@ class FitJob:
     #: iterations, then the best continues for ``max_iter`` (``executors.loop.run_em``)
     starts: tuple[Node, ...] = ()
     start_iter: int = 0
+    #: the log-likelihood of the iteration before ``model`` (a resumed fit's last), or None
+    previous_log_likelihood: float | None = None
 
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""

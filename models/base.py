@@ -9,6 +9,7 @@ return are listed on :class:`Node`, :class:`Leaf` and :class:`Internal`.
 
 from __future__ import annotations
 
+import threading
 from typing import ClassVar
 
 import numpy as np
@@ -345,10 +346,46 @@ class Node(Templated, Answering):
         raise NotImplementedError
 
 
+#: The deepest nesting of nodes a spec may have (a model's recursion runs that deep in every
+#: pass; real models nest a few levels). Deeper specs are refused before anything is built.
+MAX_SPEC_DEPTH = 100
+_building = threading.local()
+
+
+def spec_depth(spec) -> int:
+    """Levels of nested mappings in a spec (the root is 1), counted without recursion."""
+    deepest, todo = 0, [(spec, 0)]
+    while todo:
+        obj, depth = todo.pop()
+        if isinstance(obj, dict):
+            depth += 1
+            deepest = max(deepest, depth)
+            todo.extend((v, depth) for v in obj.values() if isinstance(v, (dict, list, tuple)))
+        elif isinstance(obj, (list, tuple)):
+            todo.extend((v, depth) for v in obj if isinstance(v, (dict, list, tuple)))
+    return deepest
+
+
 def from_spec(spec) -> Node:
-    """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError."""
+    """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError.
+
+    A spec nested deeper than :data:`MAX_SPEC_DEPTH` is refused (SpecError) before any node
+    is built."""
     if isinstance(spec, Node):
         return spec
+    if getattr(_building, "depth_checked", False):
+        return _from_spec(spec)
+    depth = spec_depth(spec)
+    if depth > MAX_SPEC_DEPTH:
+        raise SpecError(f"model spec is nested {depth} levels deep; the limit is {MAX_SPEC_DEPTH}")
+    _building.depth_checked = True
+    try:
+        return _from_spec(spec)
+    finally:
+        _building.depth_checked = False
+
+
+def _from_spec(spec) -> Node:
     if not isinstance(spec, dict):
         raise SpecError(f"a model spec must be a mapping with a 'family' key, got {type(spec).__name__}")
     family = spec.get("family")

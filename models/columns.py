@@ -44,7 +44,12 @@ def int_column(data, where: str, family: str) -> np.ndarray:
             raise DataError(f"{where}: {family} data holds NaN or inf")
         if np.any(x != np.round(x)):
             raise DataError(f"{where}: {family} expects integers, got non-integral values such as {x[x != np.round(x)][0]}")
+        big = np.abs(x) >= 2.0**63
+        if np.any(big):
+            raise DataError(f"{where}: {family} counts must be below 2**63 (int64), got {x[big][0]:g}")
         x = x.astype(np.int64)
+    elif x.dtype.kind == "u" and x.size and x.max() >= 2**63:
+        raise DataError(f"{where}: {family} counts must be below 2**63 (int64), got {x.max()}")
     elif x.dtype.kind not in "iub":
         raise DataError(f"{where}: {family} expects integers, got dtype {x.dtype}")
     if x.ndim != 1:

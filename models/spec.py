@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import Node, from_spec
+from .base import MAX_SPEC_DEPTH, Node, from_spec
 from .errors import SpecError
 
 __all__ = ["from_spec", "load_model", "save_model"]
@@ -26,7 +26,15 @@ def load_model(path) -> Node:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(f"model spec {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return from_spec(spec)
+    except RecursionError:
+        raise SpecError(f"model spec {str(p)!r} is nested too deep to read; the limit is {MAX_SPEC_DEPTH} "
+                        "levels") from None
+    try:
+        return from_spec(spec)
+    except SpecError as e:
+        if str(e).startswith("model spec is nested"):
+            raise SpecError(f"model spec {str(p)!r}{str(e)[len('model spec'):]}") from None
+        raise
 
 
 def save_model(model: Node, path) -> None:

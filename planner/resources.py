@@ -23,7 +23,11 @@ class Worker(BaseModel):
 
     name: str
     memory_bytes: int | None = Field(default=None, gt=0)
-    flops_per_s: float = Field(default=DEFAULT_FLOPS_PER_S, gt=0)
+    flops_per_s: float = Field(default=DEFAULT_FLOPS_PER_S, gt=0, allow_inf_nan=False)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Network(BaseModel):
@@ -80,10 +84,10 @@ class Resources(BaseModel):
         """``n`` identical workers named ``w0 .. w{n-1}``."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"workers must be an integer >= 1, got {n!r}")
-        if memory_bytes is not None and memory_bytes <= 0:
-            raise ConfigError(f"memory_bytes must be > 0, got {memory_bytes!r}")
-        if flops_per_s <= 0:
-            raise ConfigError(f"flops_per_s must be > 0, got {flops_per_s!r}")
+        if memory_bytes is not None and not (_is_number(memory_bytes) and 0 < memory_bytes < float("inf")):
+            raise ConfigError(f"memory_bytes must be a finite number of bytes > 0, got {memory_bytes!r}")
+        if not (_is_number(flops_per_s) and 0 < flops_per_s < float("inf")):
+            raise ConfigError(f"flops_per_s must be a finite number > 0, got {flops_per_s!r}")
         return cls(workers=tuple(Worker(name=f"w{i}", memory_bytes=memory_bytes, flops_per_s=flops_per_s) for i in range(n)),
                    network=network or Network())
 
@@ -145,3 +149,84 @@ def available_memory_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+# ---------------------------------------------------------------- the engines' clusters
+# Dask and Ray report their workers to whoever asks; the executors of the same names place
+# the grid's cells with the slot names below (``executors.dask_grid``, ``executors.ray_grid``).
+
+#: Dask actors on one machine: an actor call crosses two event loops, a TCP connection and
+#: the cell's step thread. ``bench/scaling.py`` measured 9-12 ms per iteration beyond
+#: ``local`` on a tiny model with this machine's cores shared (multiprocessing: 1.2-1.5 ms in
+#: the same runs, 0.25 ms on the idle machine); 1 ms a collective is that scaled to an idle
+#: machine, to be measured again there.
+DASK_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
+#: Ray actors on one machine: remote calls through the raylet (8-13 ms per iteration beyond
+#: ``local`` in the same runs as Dask's); the same estimate.
+RAY_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
+
+
+def dask_slots(workers: dict) -> list[tuple[str, str, int | None]]:
+    """``(name, address, memory_bytes)`` of every thread of every Dask worker in
+    ``scheduler_info()["workers"]``: ``"<worker name>@<host>"`` (``".<thread>"`` after the
+    name when a worker runs several threads), its memory limit shared by its threads (None
+    without a limit). Ordered thread by thread across the workers, so that cells placed in
+    turn fill every process before a second thread of one."""
+    rows = []
+    for address, w in sorted(workers.items(), key=lambda kv: (str(kv[1].get("name")), kv[0])):
+        n = max(1, int(w.get("nthreads") or 1))
+        limit = int(w.get("memory_limit") or 0)
+        host = w.get("host") or address
+        for t in range(n):
+            name = f"{w.get('name')}@{host}" if n == 1 else f"{w.get('name')}.{t}@{host}"
+            rows.append((t, name, address, limit // n if limit > 0 else None))
+    rows.sort(key=lambda r: r[0])
+    return [r[1:] for r in rows]
+
+
+def ray_slots(nodes: list[dict]) -> list[tuple[str, str, int | None]]:
+    """``(name, node_id, memory_bytes)`` of every CPU of every live node in ``ray.nodes()``:
+    ``"<node ip>/<cpu>"`` (the node id's first 8 digits after the ip when ips repeat), the
+    node's ``memory`` resource shared by its CPUs. Ordered CPU by CPU across the nodes."""
+    live = [n for n in nodes if n.get("Alive", n.get("alive", False))]
+    ips = [n.get("NodeManagerAddress", "") for n in live]
+    rows = []
+    for node in sorted(live, key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"])):
+        ip = node.get("NodeManagerAddress", "")
+        res = node.get("Resources", {})
+        n = max(1, int(res.get("CPU", 1)))
+        mem = int(res.get("memory", 0))
+        label = ip if ips.count(ip) == 1 else f"{ip}-{node['NodeID'][:8]}"
+        for k in range(n):
+            rows.append((k, f"{label}/{k}", node["NodeID"], mem // n if mem > 0 else None))
+    rows.sort(key=lambda r: r[0])
+    return [r[1:] for r in rows]
+
+
+def _from_dask(cls, client, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
+    """The workers of a Dask cluster (``distributed.Client``): one per worker thread, with
+    its share of the worker's memory limit, named by worker and host (:func:`dask_slots`)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    if not workers:
+        raise ConfigError(f"the Dask cluster at {client.scheduler.address} has no workers")
+    return cls(workers=tuple(Worker(name=name, memory_bytes=mem, flops_per_s=flops_per_s)
+                             for name, _, mem in dask_slots(workers)), network=DASK_ACTORS)
+
+
+def _from_ray(cls, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
+    """The CPUs of the Ray cluster this process is connected to (``ray.init`` first), one
+    worker each, with its share of the node's ``memory`` resource (:func:`ray_slots`)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise ConfigError("Resources.from_ray() reads the Ray cluster this process is connected to: "
+                          "call ray.init first")
+    slots = ray_slots(ray.nodes())
+    if not slots:
+        raise ConfigError("the Ray cluster has no live nodes")
+    return cls(workers=tuple(Worker(name=name, memory_bytes=mem, flops_per_s=flops_per_s) for name, _, mem in slots),
+               network=RAY_ACTORS)
+
+
+Resources.from_dask = classmethod(_from_dask)
+Resources.from_ray = classmethod(_from_ray)
