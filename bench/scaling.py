@@ -4,8 +4,9 @@ Four measurements, all in one run (the MPI runs are this script started again un
 ``mpiexec``, reading the same ``.npy`` dataset memory-mapped by row range):
 
 1. **Speedup** on a compute-bound model (a mixture of full-covariance Gaussians, N about
-   1e6): ``local`` (one worker) against 2 workers with ``multiprocessing`` and with ``mpi``;
-   per-iteration time is the median over iterations after the first.
+   1e6): ``local`` (one worker) against 2 workers with ``multiprocessing``, ``mpi``,
+   ``dask`` and ``ray`` (each engine's run starts a local cluster of its own, outside the
+   timed iterations); per-iteration time is the median over iterations after the first.
 2. **Model parallelism**: a composite of two full-covariance mixtures on a ``1x2`` plan
    (one mixture per shard) gives the ``1x1`` trace, and the coupling bytes measured equal
    the planner's prediction (``n * plan.extra["coupling_bytes_per_row"]``).
@@ -58,12 +59,23 @@ from emgrid.models import Composite, DiagGaussian, FullGaussian, Gaussian, Mixtu
 from emgrid.planner import Network, Resources, plan_from_assignment  # noqa: E402
 from emgrid.planner.costing import model_facts  # noqa: E402
 from emgrid.planner.plan import BalancePlan  # noqa: E402
-from emgrid.planner.resources import DEFAULT_FLOPS_PER_S, PIPES, SHARED_MEMORY_MPI  # noqa: E402
+from emgrid.planner.resources import (DASK_ACTORS, DEFAULT_FLOPS_PER_S, PIPES, RAY_ACTORS,  # noqa: E402
+                                     SHARED_MEMORY_MPI)
 
 RESULTS = ROOT / "bench" / "results"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 #: Networks the plans are priced with: those of ``Resources.local`` and ``Resources.from_mpi``.
 SHARED_MEMORY = SHARED_MEMORY_MPI
+#: The cluster engines, run where their extra is installed: executor -> (import, network).
+ENGINES = {"dask": ("distributed", DASK_ACTORS), "ray": ("ray", RAY_ACTORS)}
+
+
+def engine_specs(d: int, m: int, split=None, suffix: str = "") -> dict:
+    """The runs of the cluster engines installed here, as ``RunSpec`` by name."""
+    import importlib.util
+
+    return {f"{name}{suffix}": (name, d, m, network, split) for name, (module, network) in ENGINES.items()
+            if importlib.util.find_spec(module) is not None}
 
 
 # ---------------------------------------------------------------- models and data
@@ -264,7 +276,7 @@ def measure_speedup(args, stored: float, work: Path) -> dict:
     n = dataset.n_rows
     specs: dict[str, RunSpec] = {"local": ("local", 1, 1, PIPES, None),
                                  "multiprocessing": ("multiprocessing", 2, 1, PIPES, None),
-                                 "mpi": ("mpi", 2, 1, SHARED_MEMORY, None)}
+                                 "mpi": ("mpi", 2, 1, SHARED_MEMORY, None), **engine_specs(2, 1)}
     rate = rate_now()
     best = best_of(args.rounds, timed_runs(specs, dataset, model, rate, args.iters, work))
     with_stored_rate(best, specs, model, n, stored)
@@ -285,7 +297,7 @@ def measure_model_parallel(args, stored: float, work: Path) -> dict:
     specs: dict[str, RunSpec] = {"local 1x1": ("local", 1, 1, PIPES, None),
                                  "local 1x2": ("local", 1, 2, PIPES, split),
                                  "multiprocessing 1x2": ("multiprocessing", 1, 2, PIPES, split),
-                                 "mpi 1x2": ("mpi", 1, 2, SHARED_MEMORY, split)}
+                                 "mpi 1x2": ("mpi", 1, 2, SHARED_MEMORY, split), **engine_specs(1, 2, split, " 1x2")}
     rate = rate_now()
     # a fifth of the speedup case's rows, so three times its rounds: the shards of a 1x2 run
     # meet at every block, so a neighbour busy on either core stalls both
@@ -308,7 +320,7 @@ def measure_overhead(args, rate: float, work: Path) -> dict:
     dataset = write_dataset(data, work / "tiny", model)
     specs: dict[str, RunSpec] = {"local 1x1": ("local", 1, 1, PIPES, None),
                                  "multiprocessing 2x1": ("multiprocessing", 2, 1, PIPES, None),
-                                 "mpi 2x1": ("mpi", 2, 1, SHARED_MEMORY, None)}
+                                 "mpi 2x1": ("mpi", 2, 1, SHARED_MEMORY, None), **engine_specs(2, 1, suffix=" 2x1")}
     runs = best_of(args.rounds, timed_runs(specs, dataset, model, rate, args.tiny_iters, work))
     return {"model": "Gaussian", "n": dataset.n_rows, "iterations": args.tiny_iters, "runs": runs}
 
@@ -381,7 +393,7 @@ def distribution_rule(out: dict) -> str:
     ov = out["overhead"]["runs"]
     local = ov["local 1x1"]["iteration_s"]
     parts = []
-    for name in ("multiprocessing 2x1", "mpi 2x1"):
+    for name in ("multiprocessing 2x1", "mpi 2x1", "dask 2x1", "ray 2x1"):
         if name in ov:
             extra = max(0.0, ov[name]["iteration_s"] - local)
             # W workers save T * (1 - 1/W) of compute per iteration; distribute when that beats the extra overhead

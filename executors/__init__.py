@@ -1,9 +1,11 @@
 """Interchangeable EM engines that realize a balance plan's whole ``D x M`` grid.
 
 ``optimize`` plans when needed and runs EM on an executor chosen by name (``get``):
-``"local"`` (in-process), ``"multiprocessing"`` (worker processes on this machine) or
-``"mpi"`` (one rank per worker under ``mpiexec``). Every executor runs the same worker step
-(:mod:`executors.step`); they differ only in how bytes move.
+``"local"`` (in-process), ``"multiprocessing"`` (worker processes on this machine),
+``"mpi"`` (one rank per worker under ``mpiexec``), ``"dask"`` or ``"ray"`` (one actor per
+worker on a cluster of that engine; the extras ``emgrid[dask]``, ``emgrid[ray]``). Every
+executor runs the same worker step (:mod:`executors.step`); they differ only in how bytes
+move.
 """
 
 from .api import optimize

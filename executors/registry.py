@@ -1,4 +1,4 @@
-"""Executors by name: ``get("local" | "multiprocessing" | "mpi", **options)``."""
+"""Executors by name: ``get("local" | "multiprocessing" | "mpi" | "dask" | "ray", **options)``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from emgrid.models.errors import ConfigError
 
 from .protocol import Executor
 
-#: name -> "module:Class", imported on first use (mpi4py loads only when "mpi" is asked for).
+#: name -> "module:Class", imported on first use (mpi4py, dask and ray load only when asked for).
 _REGISTRY: dict[str, str] = {
     "local": "emgrid.executors.local:LocalExecutor",
     "multiprocessing": "emgrid.executors.multiproc:MultiprocessingExecutor",
     "mpi": "emgrid.executors.mpi:MpiExecutor",
+    "dask": "emgrid.executors.dask_grid:DaskExecutor",
+    "ray": "emgrid.executors.ray_grid:RayExecutor",
 }
 
 

@@ -78,11 +78,11 @@ def test_a_dataset_on_disk_gives_the_in_memory_trace(nested, tmp_path):
     assert on_disk.log_likelihood == in_memory.log_likelihood
 
 
-def test_get_knows_the_three_executors_and_refuses_others():
-    assert executors.names() == ["local", "mpi", "multiprocessing"]
+def test_get_knows_the_executors_and_refuses_others():
+    assert executors.names() == ["dask", "local", "mpi", "multiprocessing", "ray"]
     assert get("local").name == "local"
     assert get("multiprocessing", timeout_s=5.0).timeout_s == 5.0
-    with pytest.raises(ConfigError, match="unknown executor 'spark'.*local, mpi, multiprocessing"):
+    with pytest.raises(ConfigError, match="unknown executor 'spark'.*dask, local, mpi, multiprocessing, ray"):
         get("spark")
     with pytest.raises(ConfigError, match="'local'.*colour"):
         get("local", colour="red")

@@ -1,0 +1,318 @@
+"""The Ray executor: every grid cell a long-lived Ray actor (a process of its own).
+
+How bytes move:
+
+- **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
+  ``.npy`` files (a dataset on disk, on a file system the nodes share), or receives its
+  replica's rows, only its shard's columns, as an argument of its constructor (Ray puts them
+  in its object store once; data in memory).
+- **Model and statistics**, every iteration: the coordinator calls each cell's ``step`` with
+  its shard's pickled model and receives its pickled statistics and
+  :class:`executors.step.ShareReport`.
+- **Coupling**, per block: each cell calls ``deliver.remote`` on the actors of the other
+  shards of its replica (actor to actor, the coordinator not involved) with its
+  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.actors`). A cell is
+  a threaded actor, so deliveries run while its step waits.
+
+Cells are placed on the nodes the plan names when it was made for this cluster
+(``Resources.from_ray()``, whose worker names are the cluster's CPUs), otherwise where Ray
+puts them (spread over the nodes). Each asks for one CPU, or an equal share of the
+cluster's CPUs when the grid has more cells than it has CPUs (``num_cpus``).
+
+Faults: a cell that raises stops the fit with a FitError naming it and the iteration; a cell
+whose process dies is named as soon as Ray reports its actor dead; with ``timeout_s``, one
+that does not answer in time is named. Every cell is killed (``ray.kill``) after the fit,
+however it ended. A Ray instance the executor started (``address=None`` and no Ray running in
+this process) is shut down after the fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from time import perf_counter
+from typing import ClassVar
+
+from emgrid.models.errors import FitError
+from emgrid.planner.resources import Resources, ray_slots
+
+from .actors import Cell, check_timeouts, describe_error, forwarded_env, missing_extra, no_answer, outcome, shipped_rows
+from .datafiles import NpyDataset
+from .loop import GridOutcome, run_em
+from .protocol import BaseExecutor, FitJob
+from .result import FitResult
+from .step import grid_layout
+from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
+
+#: Longest wait (seconds) for every pending answer before the answers in are read (a cell's
+#: error or death among them is named at most this late).
+_POLL_S = 0.5
+#: Threads of a cell's actor: its step, and the deliveries and the abort that reach it meanwhile.
+_CONCURRENCY = 4
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise missing_extra("ray", "ray") from None
+    return ray
+
+
+class RayCell:
+    """The Ray actor of one cell (:class:`executors.actors.Cell`), made remote when a fit starts."""
+
+    def __init__(self, spec, model, directory, rows, blas_threads, env):
+        self.cell = Cell(spec, model, directory, rows, blas_threads, env)
+        self.peers: dict = {}
+
+    def info(self) -> dict:
+        return self.cell.info()
+
+    def connect(self, peers: dict) -> None:
+        """``peers``: shard -> the actor handle of that shard's cell in this cell's replica."""
+        self.peers = peers
+
+        def send(peer, iteration, block, shard, message):
+            self.peers[peer].deliver.remote(iteration, block, shard, message)
+
+        self.cell.connect(send, list(peers))
+
+    def deliver(self, iteration, block, shard, message) -> None:
+        self.cell.deliver(iteration, block, shard, message)
+
+    def step(self, iteration: int, payload: bytes):
+        return self.cell.run(iteration, payload)
+
+    def waits_for(self) -> list[int]:
+        return self.cell.waits_for()
+
+    def abort(self) -> None:
+        self.cell.abort()
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The cell's own exception inside a Ray task error."""
+    return getattr(e, "cause", None) or e
+
+
+def _last_exception_line(report: str) -> str:
+    """The ``Name: message`` line of the exception at the end of a Ray error report."""
+    lines = [ln.strip() for ln in report.splitlines() if re.match(r"^[A-Za-z_][\w.]*(: |$)", ln)]
+    return lines[-1] if lines else "its actor's constructor raised"
+
+
+class RayGrid:
+    """The coordinator's side: one actor per cell, in the Ray cluster this process is connected to."""
+
+    def __init__(self, job: FitJob, directory: str | None, timeout_s: float | None, startup_timeout_s: float,
+                 blas_threads: int | None, num_cpus: float | None):
+        self.job, self.directory = job, directory
+        self.timeout_s, self.startup_timeout_s, self.blas_threads = timeout_s, startup_timeout_s, blas_threads
+        self.num_cpus = num_cpus
+        self.layout = grid_layout(job.model, job.plan)
+        self.cells = [spec for row in self.layout for spec in row]
+        self.shape = (job.plan.data_parallel, job.plan.model_parallel)
+        self.iteration = 0
+        self.actors: list = []
+        self.infos: list[dict] = [{} for _ in self.cells]
+        self.steps: list = []
+
+    def _who(self, i: int) -> str:
+        s = self.cells[i]
+        info = self.infos[i]
+        at = f", pid {info['pid']} on {info['host']}" if info else ""
+        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}{at})"
+
+    def _options(self, ray) -> list[dict]:
+        """Every cell's actor options: its CPUs, its node, no restarts, its threads."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        n = len(self.cells)
+        cpus = self.num_cpus
+        if cpus is None:
+            total = float(ray.cluster_resources().get("CPU", 1.0))
+            cpus = min(1.0, math.floor(total / n * 1e4) / 1e4)
+        slots = ray_slots(ray.nodes())
+        by_name = {name: node for name, node, _ in slots}
+        nodes = {node for _, node, _ in slots}
+        common = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": _CONCURRENCY}
+        if all(spec.name in by_name for spec in self.cells):
+            return [dict(common, scheduling_strategy=NodeAffinitySchedulingStrategy(by_name[spec.name], soft=False))
+                    for spec in self.cells]
+        return [dict(common, scheduling_strategy="SPREAD") if len(nodes) > 1 else common for _ in self.cells]
+
+    def start(self) -> None:
+        ray = _import_ray()
+        job = self.job
+        remote = ray.remote(RayCell)
+        env = forwarded_env()
+        data = None if self.directory is not None else job.open_data()
+        for spec, options in zip(self.cells, self._options(ray)):
+            part = spec.view.model_for(spec.shard, job.model)
+            rows = None if data is None else shipped_rows(spec, part, data)
+            self.actors.append(remote.options(**options).remote(spec, part, self.directory, rows, self.blas_threads,
+                                                                 env))
+        self.infos = self._call_all([a.info.remote() for a in self.actors], "while starting", self.startup_timeout_s)
+        m = self.shape[1]
+        self._call_all([a.connect.remote({t: self.actors[s.replica * m + t] for t in range(m) if t != s.shard})
+                        for a, s in zip(self.actors, self.cells)], "while starting", self.startup_timeout_s)
+
+    @property
+    def pids(self) -> list[int]:
+        return [info.get("pid") for info in self.infos]
+
+    def broadcast(self, model, payloads: list[bytes]) -> None:
+        self.iteration += 1
+        self.steps = [a.step.remote(self.iteration, payloads[s.shard]) for a, s in zip(self.actors, self.cells)]
+
+    def e_step(self, iteration: int) -> GridOutcome:
+        t0 = perf_counter()
+        got = self._call_all(self.steps, f"in iteration {iteration}", self.timeout_s)
+        self.steps = []
+        return outcome(got, self.shape, perf_counter() - t0)
+
+    def _call_all(self, refs: list, when: str, timeout_s: float | None) -> list:
+        """Every cell's answer (grid order); FitError naming the cell on an error, a death or
+        a timeout."""
+        ray = _import_ray()
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+        index = {ref: i for i, ref in enumerate(refs)}
+        out: list = [None] * len(refs)
+        pending = list(refs)
+        deadline = None if timeout_s is None else perf_counter() + timeout_s
+        while pending:
+            left = None if deadline is None else deadline - perf_counter()
+            if left is not None and left <= 0:
+                stuck = sorted(index[r] for r in pending)
+                raise no_answer(self._who, self.cells, stuck, self._waits(stuck), timeout_s, when)
+            ready, pending = ray.wait(pending, num_returns=len(pending),
+                                      timeout=_POLL_S if left is None else min(left, _POLL_S))
+            for ref in ready:
+                i = index[ref]
+                try:
+                    out[i] = ray.get(ref)
+                except RayActorError as e:
+                    report = getattr(e, "error_msg", None) or str(e)
+                    if "creation task" in report:  # its constructor raised: opening its rows, say
+                        err = FitError(f"{self._who(i)} failed {when}: {_last_exception_line(report)}")
+                    else:
+                        err = FitError(f"{self._who(i)} died {when} (Ray: {type(e).__name__})")
+                    err.add_note(f"Ray's report:\n{report.rstrip()}")
+                    raise err from None
+                except (RayTaskError, GetTimeoutError, RayError) as e:
+                    summary, trace = describe_error(_cause(e))
+                    err = FitError(f"{self._who(i)} failed {when}: {summary}")
+                    err.add_note(f"the worker's traceback:\n{str(e).rstrip()}")
+                    raise err from None
+        return out
+
+    def _waits(self, cells: list[int]) -> dict[int, list[int]]:
+        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
+        ray = _import_ray()
+        if not self.actors:
+            return {}
+        asked = {self.actors[i].waits_for.remote(): i for i in cells}
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=1.0)
+        out = {}
+        for ref in ready:
+            try:
+                out[asked[ref]] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - no answer: it counts as stuck
+                pass
+        return out
+
+    def close(self) -> None:
+        """Kills every cell's actor (its process goes with it)."""
+        ray = _import_ray()
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors, self.steps = [], []
+
+
+class RayExecutor(BaseExecutor):
+    """Ray actors, one per grid cell.
+
+    ``address``: the Ray cluster to connect to (``"auto"``, ``"ray://host:10001"``, ...); when
+    this process is already connected (``ray.init`` was called), that cluster is used and left
+    connected. ``None`` and no Ray here: a local Ray instance is started for the run
+    (``num_cpus`` CPUs, default this machine's) and shut down after. ``timeout_s``,
+    ``startup_timeout_s`` and ``blas_threads`` as the Dask executor's. ``cell_cpus``: CPUs each
+    cell's actor asks for (default: 1, or an equal share when the grid has more cells than
+    the cluster has CPUs).
+    """
+
+    name: ClassVar[str] = "ray"
+
+    def __init__(self, address: str | None = None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
+                 num_cpus: int | None = None, cell_cpus: float | None = None,
+                 blas_threads: int | None = DEFAULT_BLAS_THREADS):
+        _import_ray()
+        check_timeouts(timeout_s, startup_timeout_s)
+        self.address = address
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.num_cpus = num_cpus
+        self.cell_cpus = cell_cpus
+        self.blas_threads = check_blas_threads(blas_threads)
+        #: pids of the cells (grid order), while a fit runs.
+        self.worker_pids: list[int] = []
+
+    def _connect(self) -> bool:
+        """Connects this process to Ray; True when it was not connected before (then the
+        caller disconnects after)."""
+        ray = _import_ray()
+        if ray.is_initialized():
+            return False
+        if self.address is None:
+            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR)
+        else:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+        return True
+
+    def default_resources(self) -> Resources:
+        ray = _import_ray()
+        if self.address is None and not ray.is_initialized():
+            return Resources.local()
+        opened = self._connect()
+        try:
+            return Resources.from_ray()
+        finally:
+            if opened:
+                ray.shutdown()
+
+    def run(self, job: FitJob) -> FitResult:
+        with limited(self.blas_threads):
+            return self._run(job)
+
+    def _run(self, job: FitJob) -> FitResult:
+        ray = _import_ray()
+        opened = self._connect()
+        grid = None
+        try:
+            directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
+            grid = RayGrid(job, directory, self.timeout_s, self.startup_timeout_s, self.blas_threads, self.cell_cpus)
+            grid.start()
+            self.worker_pids = grid.pids
+            return run_em(grid, job, self.name)
+        finally:
+            self.worker_pids = []
+            try:
+                if grid is not None:
+                    grid.close()
+            finally:
+                if opened:
+                    ray.shutdown()
+
+    def __repr__(self) -> str:
+        return (f"RayExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "
+                f"blas_threads={self.blas_threads!r})")
+
+
+__all__ = ["RayExecutor", "RayCell", "RayGrid"]

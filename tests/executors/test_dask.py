@@ -1,0 +1,170 @@
+"""Dask actors give the local trace on every grid; a killed cell stops the fit, named; nothing stays.
+
+One local cluster of two worker processes (one thread each) serves the module; the grids
+with more cells than workers put two cells in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.models import n_rows  # noqa: E402
+from emgrid.models.errors import FitError  # noqa: E402
+from emgrid.planner import Resources  # noqa: E402
+
+from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
+from .plans import assert_same_bytes, assert_same_trace, grid_plan  # noqa: E402
+from .test_faults import deadline  # noqa: E402
+from .test_threads import probed  # noqa: E402
+
+GRIDS = [(2, 1), (1, 2), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       silence_logs=logging.ERROR)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def reference(nested):
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    return {g: optimize(data, model, plan=grid_plan(model, n, *g), max_iter=4, tol=0.0) for g in GRIDS}
+
+
+def leftovers(client) -> dict:
+    """Per worker: the actors it holds and the cells' threads still alive."""
+    import threading
+
+    def look(dask_worker):
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("emgrid-")]
+        return len(dask_worker.state.actors), threads
+
+    return {a: v for a, v in client.run(look).items() if v != (0, [])}
+
+
+def assert_nothing_left(client, within_s: float = 20.0) -> None:
+    """No actor and no cell's thread on any worker, within ``within_s`` (a worker ended after
+    a hang leaves the cluster and its nanny's new one joins meanwhile)."""
+    end = time.monotonic() + within_s
+    while True:
+        try:
+            left = leftovers(client)
+        except OSError as e:  # a worker that is going away
+            left = {"?": repr(e)}
+        if not left or time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    assert not left, f"left on the cluster: {left}"
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+def test_actor_grids_give_the_local_trace_and_bytes(client, nested, reference, grid, tmp_path, monkeypatch):
+    """Every cell also reports its BLAS pools from inside the fit: one thread each."""
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    monkeypatch.setenv("EMGRID_THREAD_PROBE", str(tmp_path))
+    res = optimize(data, model, plan=grid_plan(model, n, *grid), executor=get("dask", address=client.scheduler.address),
+                   max_iter=4, tol=0.0)
+    assert_same_trace(res.log_likelihood, reference[grid].log_likelihood)
+    assert_same_bytes(res.bytes_moved, reference[grid].bytes_moved)
+    assert res.executor == "dask"
+    threads = probed(tmp_path)
+    assert sorted(threads) == [f"w{i}" for i in range(grid[0] * grid[1])]
+    assert all(t == {1} for t in threads.values()), threads
+    assert_nothing_left(client)
+
+
+def test_cells_map_their_rows_of_a_dataset_on_disk(client, nested, reference, tmp_path):
+    model, data = nested
+    dataset = NpyDataset.write(data, tmp_path / "ds", model=model)
+    res = optimize(dataset, model, plan=grid_plan(model, dataset.n_rows, 2, 2), executor=get("dask", address=client),
+                   max_iter=4, tol=0.0)
+    assert_same_trace(res.log_likelihood, reference[(2, 2)].log_likelihood)
+
+
+def test_resources_read_the_cluster_and_plans_place_cells_on_it(client, nested, reference):
+    res = Resources.from_dask(client)
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    assert res.n_workers == 2
+    assert {w.memory_bytes for w in res.workers} == {w["memory_limit"] for w in info.values()}
+    assert all("@" in w.name for w in res.workers)
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    fitted = optimize(data, model, resources=res, executor=get("dask", address=client), max_iter=3, tol=0.0)
+    assert fitted.plan.workers_used <= 2
+    assert {p.name for p in fitted.plan.per_worker} <= {w.name for w in res.workers}
+    assert len(fitted.log_likelihood) == 3
+
+
+def test_a_killed_cell_stops_the_fit_with_its_name_and_iteration(client):
+    model = blocky_model()
+    data = blocky_data(model)
+    ex = get("dask", address=client)
+    pids = []
+
+    def kill_second_cell(it, ll, result):
+        if it == 1:
+            pids.extend(ex.worker_pids)
+            os.kill(ex.worker_pids[1], signal.SIGKILL)
+
+    t0 = time.monotonic()
+    died = r"worker 'w1' \(replica 0, shard 1, pid \d+ .*\) died in iteration 2"
+    with deadline(60), pytest.raises(FitError, match=died):
+        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=ex, max_iter=5, tol=0.0,
+                 callback=kill_second_cell)
+    assert time.monotonic() - t0 < 30
+    assert ex.worker_pids == []
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker
+    assert_nothing_left(client)
+
+
+def test_a_hung_cell_is_named_after_the_timeout_and_its_process_ended(client, monkeypatch):
+    model = blocky_model()
+    data = blocky_data(model)
+    monkeypatch.setenv("EMGRID_FAULT", "hang:worker=w1:iteration=2:block=1:seconds=600")
+    ex = get("dask", address=client, timeout_s=2.0)
+    with deadline(60), pytest.raises(FitError, match=r"no answer within 2 s in iteration 2 from worker 'w1' \(") as e:
+        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=ex, max_iter=4, tol=0.0)
+    assert "worker 'w0'" not in str(e.value)  # it waits for w1, and says so in a note
+    assert any("waits for the coupling message of shard(s) [1]" in n for n in e.value.__notes__)
+    client.wait_for_workers(2, timeout=60)
+    assert_nothing_left(client)
+
+
+def test_without_an_address_a_cluster_starts_and_closes_with_the_fit(nested, reference):
+    import psutil
+
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    res = optimize(data, model, plan=grid_plan(model, n, 1, 1), executor="dask", max_iter=2, tol=0.0)
+    assert_same_trace(res.log_likelihood, reference[(2, 1)].log_likelihood[:2])  # every grid's trace is one
+    end = time.monotonic() + 10
+    while (new := {p.pid for p in psutil.Process().children(recursive=True)} - before) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not new, f"processes left: {new}"
+
+
+def test_a_cell_that_cannot_open_its_rows_is_named_with_its_error(client, nested, tmp_path):
+    model, data = nested
+    dataset = NpyDataset.write(data, tmp_path / "ds", model=model)
+    (tmp_path / "ds" / "c0.npy").unlink()  # a column the cells cannot map
+    failed = r"(?s)worker 'w[01]' .* failed while starting: FileNotFoundError.*c0\.npy"
+    with deadline(60), pytest.raises(FitError, match=failed):
+        optimize(dataset, model, plan=grid_plan(model, dataset.n_rows, 2, 1), executor=get("dask", address=client),
+                 max_iter=2)
+    assert_nothing_left(client)

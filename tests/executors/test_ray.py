@@ -1,0 +1,136 @@
+"""Ray actors give the local trace on every grid; a killed cell stops the fit, named; nothing stays.
+
+One local Ray instance of two CPUs serves the module; the grids with more cells than CPUs
+give each cell's actor a share of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.models import n_rows  # noqa: E402
+from emgrid.models.errors import FitError  # noqa: E402
+from emgrid.planner import Resources  # noqa: E402
+
+from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
+from .plans import assert_same_bytes, assert_same_trace, grid_plan  # noqa: E402
+from .test_faults import deadline  # noqa: E402
+from .test_threads import probed  # noqa: E402
+
+GRIDS = [(2, 1), (1, 2), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def instance():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(nested):
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    return {g: optimize(data, model, plan=grid_plan(model, n, *g), max_iter=4, tol=0.0) for g in GRIDS}
+
+
+class Cells:
+    """The executor, and the pids its cells had while the fit ran."""
+
+    def __init__(self, **options):
+        self.ex = get("ray", **options)
+        self.pids: list[int] = []
+
+    def callback(self, it, ll, result):
+        if it == 1:
+            self.pids = list(self.ex.worker_pids)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def assert_nothing_left(pids, within_s: float = 10.0) -> None:
+    """Every cell's process is gone and the cluster's CPUs are free again."""
+    assert pids
+    end = time.monotonic() + within_s
+    while time.monotonic() < end and (any(map(pid_alive, pids))
+                                      or ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]):
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)], "cells' processes left running"
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+def test_actor_grids_give_the_local_trace_and_bytes(instance, nested, reference, grid, tmp_path, monkeypatch):
+    """The 1x2 grid's cells map their rows of a dataset on disk; the others receive theirs.
+    Every cell also reports its BLAS pools from inside the fit: one thread each."""
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    (tmp_path / "probe").mkdir()
+    monkeypatch.setenv("EMGRID_THREAD_PROBE", str(tmp_path / "probe"))
+    if grid == (1, 2):
+        data = NpyDataset.write(data, tmp_path / "ds", model=model)
+    cells = Cells()
+    res = optimize(data, model, plan=grid_plan(model, n, *grid), executor=cells.ex, max_iter=4, tol=0.0,
+                   callback=cells.callback)
+    assert_same_trace(res.log_likelihood, reference[grid].log_likelihood)
+    assert_same_bytes(res.bytes_moved, reference[grid].bytes_moved)
+    assert res.executor == "ray"
+    threads = probed(tmp_path / "probe")
+    assert sorted(threads) == [f"w{i}" for i in range(grid[0] * grid[1])]
+    assert all(t == {1} for t in threads.values()), threads
+    assert_nothing_left(cells.pids)
+
+
+def test_resources_read_the_instance(instance):
+    res = Resources.from_ray()
+    assert res.n_workers == 2
+    assert all(w.memory_bytes and w.memory_bytes > 0 for w in res.workers)
+    node = ray.nodes()[0]["NodeManagerAddress"]
+    assert [w.name for w in res.workers] == [f"{node}/0", f"{node}/1"]
+
+
+def test_a_killed_cell_stops_the_fit_with_its_name_and_iteration(instance):
+    model = blocky_model()
+    data = blocky_data(model)
+    cells = Cells()
+
+    def kill_second_cell(it, ll, result):
+        if it == 1:
+            cells.pids = list(cells.ex.worker_pids)
+            os.kill(cells.pids[1], signal.SIGKILL)
+
+    t0 = time.monotonic()
+    died = r"worker 'w1' \(replica 0, shard 1, pid \d+ on .*\) died in iteration 2"
+    with deadline(60), pytest.raises(FitError, match=died):
+        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=cells.ex, max_iter=5, tol=0.0,
+                 callback=kill_second_cell)
+    assert time.monotonic() - t0 < 30
+    assert cells.ex.worker_pids == []
+    assert_nothing_left(cells.pids)
+
+
+def test_a_hung_cell_is_named_after_the_timeout_and_killed(instance, monkeypatch):
+    model = blocky_model()
+    data = blocky_data(model)
+    cells = Cells(timeout_s=2.0)
+    monkeypatch.setenv("EMGRID_FAULT", "hang:worker=w1:iteration=2:block=1:seconds=600")
+    with deadline(60), pytest.raises(FitError, match=r"no answer within 2 s in iteration 2 from worker 'w1' \(") as e:
+        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=cells.ex, max_iter=4, tol=0.0,
+                 callback=cells.callback)
+    assert "worker 'w0'" not in str(e.value)  # it waits for w1, and says so in a note
+    assert any("waits for the coupling message of shard(s) [1]" in n for n in e.value.__notes__)
+    assert_nothing_left(cells.pids)
