@@ -58,6 +58,14 @@ def worker_counts(configured: int, cores: int, blas_threads: int | None) -> tupl
     return sorted({p for p in (2, top) if 2 <= p <= parallel}), parallel
 
 
+def installed_engines() -> list[str]:
+    """The cluster engines whose executor can run here (``emgrid[dask]``, ``emgrid[ray]``):
+    each is measured on a local cluster it starts for the measurement."""
+    import importlib.util
+
+    return [kind for kind, module in (("dask", "distributed"), ("ray", "ray")) if importlib.util.find_spec(module)]
+
+
 def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | None:
     """Seconds per iteration of a tiny fit (a Gaussian on 64 rows) with ``workers`` workers."""
     from emgrid.executors import optimize
@@ -128,7 +136,7 @@ def advise(cfg) -> str:
              f"{'executor':<16} {'workers':>7} {'overhead/iter':>14} {'predicted s/iter':>17} {'speed-up':>9}"]
     lines.append(f"{'local':<16} {1:>7} {'-':>14} {local:>17.4g} {1.0:>9.2f}")
     best = ("local", 1, local)
-    for kind in ("multiprocessing", "mpi"):
+    for kind in ("multiprocessing", "mpi", *installed_engines()):
         if not counts:
             lines.append(f"{kind:<16} skipped: these cores run one worker at a time")
         for p in counts:

@@ -188,3 +188,7 @@ def test_advise_says_what_helps(tmp_path):
     r = emgrid("advise", config(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "advice:" in r.stdout and "local" in r.stdout
+    from emgrid.cli.advise import installed_engines
+
+    for kind in installed_engines():  # measured on a local cluster of its own, or said unavailable
+        assert any(line.startswith(kind) for line in r.stdout.splitlines()), r.stdout
