@@ -25,6 +25,8 @@ an engine's worker processes were started before the fit, with their own environ
 
 from __future__ import annotations
 
+import importlib
+
 import os
 import pickle
 import socket
@@ -63,10 +65,14 @@ class MissingExtraError(ConfigError, ImportError):
     is also an ImportError)."""
 
 
-def missing_extra(engine: str, package: str) -> MissingExtraError:
-    """The one-line error for an engine whose optional dependency is not installed."""
-    return MissingExtraError(f'the "{engine}" executor needs {package}, which is not installed: '
-                             f'pip install "emgrid[{engine}]"')
+def import_extra(engine: str, package: str):
+    """The module ``package`` of an engine's optional dependency, or the one-line error that
+    names its install line when it is not installed."""
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise MissingExtraError(f'the "{engine}" executor needs {package}, which is not installed: '
+                                f'pip install "emgrid[{engine}]"') from None
 
 
 class Aborted(RuntimeError):

@@ -39,7 +39,7 @@ from typing import ClassVar
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, dask_slots
 
-from .actors import Cell, check_timeouts, failed, forwarded_env, missing_extra, no_answer, outcome, shipped_rows
+from .actors import Cell, check_timeouts, failed, forwarded_env, import_extra, no_answer, outcome, shipped_rows
 from .datafiles import NpyDataset
 from .loop import GridOutcome, run_em
 from .protocol import BaseExecutor, FitJob
@@ -54,11 +54,7 @@ _UNREACHABLE = "Unable to contact Actor's worker"
 
 
 def _import_distributed():
-    try:
-        import distributed
-    except ImportError:
-        raise missing_extra("dask", "dask.distributed") from None
-    return distributed
+    return import_extra("dask", "distributed")
 
 
 class Shipped:

@@ -37,7 +37,7 @@ from typing import ClassVar
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, ray_slots
 
-from .actors import Cell, check_timeouts, describe_error, forwarded_env, missing_extra, no_answer, outcome, shipped_rows
+from .actors import Cell, check_timeouts, describe_error, forwarded_env, import_extra, no_answer, outcome, shipped_rows
 from .datafiles import NpyDataset
 from .loop import GridOutcome, run_em
 from .protocol import BaseExecutor, FitJob
@@ -53,11 +53,7 @@ _CONCURRENCY = 4
 
 
 def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise missing_extra("ray", "ray") from None
-    return ray
+    return import_extra("ray", "ray")
 
 
 class RayCell:
