@@ -2,7 +2,8 @@
 
 The shards of a replica run in lockstep (each block's exchange is a dict merge), so the
 whole ``D x M`` grid, model-parallel shards included, runs here exactly as it does across
-processes: the same worker step, the same reduce order, the same payloads. BLAS and OpenMP run
+processes: the same worker step, the same column reduces and shard M-steps
+(:mod:`executors.mstep`), the same payloads (counted, not sent). BLAS and OpenMP run
 ``blas_threads`` threads (one by default) while the fit runs, and the caller's setting
 comes back after (:mod:`executors.threads`).
 """
@@ -18,35 +19,59 @@ from .loop import GridOutcome, run_em
 from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import WorkerStep, grid_layout, reduce_shares, run_replica_lockstep
+from .mstep import ShardPart, column_sum, report_payload
+from .step import WorkerStep, grid_layout, run_replica_lockstep, sum_in_order
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 
 class LocalGrid:
-    """Every worker's rows held in this process (views of the caller's arrays)."""
+    """Every worker's rows held in this process (views of the caller's arrays); the cells of
+    one shard's column share its :class:`ShardPart` (one process: nothing to copy)."""
 
     def __init__(self, job: FitJob):
         self.meter = PeakMeter()  # one process: one meter for every cell of the grid
         data = job.open_data()
         self.layout = grid_layout(job.model, job.plan)
         self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row] for row in self.layout]
-        self.model: Node = job.model
+        self.view = self.layout[0][0].view
+        self.regularization = job.regularization
+        self.parts: list[ShardPart] = []
         probe("local")
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        self.model = model  # one process: every cell evaluates the whole model
+        self.parts = [ShardPart(self.view, s, self.view.model_for(s, model), self.regularization)
+                      for s in range(self.view.n_shards)]
 
     def e_step(self, iteration: int) -> GridOutcome:
-        shares = [run_replica_lockstep(row, self.model, iteration) for row in self.steps]
+        models = [p.part for p in self.parts]
+        shares = [run_replica_lockstep(row, models, iteration) for row in self.steps]
         flat = [s for row in shares for s in row]
         t0 = perf_counter()
-        reduce_bytes = sum(len(s.payload()) for s in flat)
-        stats, ll = reduce_shares(shares)
-        return GridOutcome(stats=stats, loglik=ll, compute_s=sum(s.compute_s for s in flat),
-                           coupling_s=sum(s.coupling_s for s in flat), reduce_s=perf_counter() - t0,
+        columns, reduce_bytes = [], 0
+        for s, part in enumerate(self.parts):
+            column = [row[s] for row in shares]
+            reduce_bytes += sum(len(w.payload()) for w in column[1:])
+            report = part.estimate(column_sum(w.stats for w in column), sum_in_order(w.loglik for w in column))
+            reduce_bytes += len(report_payload(report))
+            columns.append(report)
+        reduce_s = perf_counter() - t0 - sum(c.mstep_s for c in columns)
+        return GridOutcome(columns=columns, compute_s=sum(s.compute_s for s in flat),
+                           coupling_s=sum(s.coupling_s for s in flat), reduce_s=reduce_s,
                            coupling_bytes=sum(s.coupling_bytes for s in flat), reduce_bytes=reduce_bytes,
                            peak_bytes={"local": self.meter.peak_bytes()},
                            baseline_bytes={"local": self.meter.baseline_bytes})
+
+    def update(self, skeleton: Node, payload: bytes) -> int:
+        d = len(self.layout)
+        sent = 0
+        for part in self.parts:
+            if part.view.evaluates(part.shard):
+                sent += d * len(payload) + (d - 1) * len(part.pending_payload())
+            part.apply(skeleton)
+        return sent
+
+    def fetch(self, shard: int) -> dict[str, Node]:
+        return self.parts[shard].owned()
 
 
 class LocalExecutor(BaseExecutor):

@@ -1,11 +1,14 @@
 """The EM loop as the coordinator runs it, over any transport.
 
-Per iteration: broadcast the model (each shard's workers get their part of it), run the
-grid's E-step (compute and coupling on the workers, reduce to the coordinator), stop on
-non-finite statistics, run the M-step once, record the phase times and bytes, check
-convergence, call the callback. A transport implements :class:`Grid`: how the model
-reaches the workers and how their shares come back. A job with several starting models
-(a template's ``n_init`` starts) runs them all on the one grid, its workers started once.
+The starting model goes to the workers once (each shard's workers get their part of it).
+Per iteration: the grid's E-step (compute and coupling on the workers), each shard's
+statistics reduced over its column and its subtrees estimated by the column's head
+(:mod:`executors.mstep`); then here: stop on non-finite statistics, estimate the spanning
+nodes (the skeleton, all the coordinator holds of the model), send the update, record the
+phase times and bytes, check convergence, call the callback. A transport implements
+:class:`Grid`: how the model reaches the workers and how their shares and reports move. A
+job with several starting models (a template's ``n_init`` starts) runs them all on the one
+grid, its workers started once.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
 
-from emgrid.models import Node, Stats
+from emgrid.models import Node
 from emgrid.models.errors import FitError
-from emgrid.models.regularize import regularize
+
+from .mstep import ColumnReport, Shards, join_columns, skeleton_payload, split_m_step
 
 from .protocol import FitJob
 from .result import FitResult
@@ -26,15 +30,14 @@ from .step import WorkerSpec, shard_payloads
 
 @dataclass
 class GridOutcome:
-    """One E-step of the whole grid, as the coordinator receives it."""
+    """One E-step of the whole grid and its columns' M-steps, as the coordinator receives them."""
 
-    stats: Stats
-    loglik: float
+    columns: list[ColumnReport]  # by shard
     compute_s: float  # slowest worker's (or, run one after another, the sum)
     coupling_s: float
-    reduce_s: float
+    reduce_s: float  # the column reduces and the reports' way to the coordinator
     coupling_bytes: int
-    reduce_bytes: int
+    reduce_bytes: int  # the columns' statistics moved to their heads, plus the reports
     receive_s: float = 0.0  # slowest worker's unpickling of the broadcast model
     peak_bytes: dict[str, int] = field(default_factory=dict)  # per worker name, see executors.memory
     baseline_bytes: dict[str, int] = field(default_factory=dict)
@@ -48,11 +51,20 @@ class Grid(Protocol):
     layout: list[list[WorkerSpec]]
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        """Makes ``model`` the model of every worker: ``payloads[s]`` is what the workers of
-        shard ``s`` receive (:func:`executors.step.shard_payloads`)."""
+        """Makes ``model`` the model of every worker, at the start of a run: ``payloads[s]``
+        is what the workers of shard ``s`` receive (:func:`executors.step.shard_payloads`)."""
 
     def e_step(self, iteration: int) -> GridOutcome:
-        """Runs every worker's step on the current model and reduces their shares."""
+        """Runs every worker's step on its current part, reduces each shard's statistics over
+        its column to its head and runs the head's M-step (:meth:`ShardPart.estimate`)."""
+
+    def update(self, skeleton: Node, payload: bytes) -> int:
+        """The next model: ``skeleton`` (pickled: ``payload``) to every worker, each head's
+        pending subtrees to the other workers of its column (:meth:`ShardPart.apply`).
+        Returns the bytes sent."""
+
+    def fetch(self, shard: int) -> dict[str, Node]:
+        """Shard ``shard``'s current subtrees, from its head (:meth:`ShardPart.owned`)."""
 
 
 def critical_path(shares, wall_s: float) -> dict[str, float]:
@@ -75,8 +87,8 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
         return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0, job.previous_log_likelihood)
     t0 = perf_counter()
     refined, done = [], 0
-    for start in job.starts:
-        refined.append(_em(grid, job, start, job.start_iter, None, executor, done))
+    for start in job.starts:  # the starts are whole models here already, and so are they refined
+        refined.append(_em(grid, job, start, job.start_iter, None, executor, done, gather=True))
         done += refined[-1].iterations
     lls = [r.log_likelihood[-1] for r in refined]
     best = max(range(len(lls)), key=lls.__getitem__)
@@ -87,54 +99,80 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
 
 
 def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int,
-        previous: float | None = None) -> FitResult:
+        previous: float | None = None, gather: bool | None = None) -> FitResult:
     """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``;
-    ``previous`` is the log-likelihood of the iteration before ``model``, if any."""
-    result = FitResult(model=model, plan=job.plan, executor=executor)
+    ``previous`` is the log-likelihood of the iteration before ``model``, if any. The fitted
+    model is gathered into ``result.model`` when ``gather`` (default ``job.gather``) says so."""
+    gather = job.gather if gather is None else gather
+    if gather is None:
+        gather = fits_here(model)
     layout = grid.layout
+    view = layout[0][0].view
+    skeleton = view.skeleton(model)
+    result = FitResult(model=model, plan=job.plan, executor=executor)
+    result.shards = Shards.held(view, model)
+    t_start = perf_counter()
+    payloads = shard_payloads(model, layout)
+    grid.broadcast(model, payloads)
+    sent = len(layout) * sum(len(p) for p in payloads)
+    del payloads, model  # the workers hold the model now; this process keeps the skeleton
+    result.model = None
+    bcast_s = perf_counter() - t_start
     for it in range(1, max_iter + 1):
-        t_start = perf_counter()
-        payloads = shard_payloads(model, layout)
-        grid.broadcast(model, payloads)
-        broadcast_bytes = len(layout) * sum(len(p) for p in payloads)
-        del payloads  # not held through the E-step
-        t_bcast = perf_counter()
+        t_start = perf_counter() - bcast_s
         out = grid.e_step(offset + it)
-        check_finite(model, out, it)
+        split, ll, bad = join_columns(out.columns)
+        check_finite(bad, ll, it)
         t_m = perf_counter()
-        new_model = model.estimate(regularize(model, out.stats, job.regularization))
+        skeleton = split_m_step(skeleton, split, job.regularization)
+        t_u = perf_counter()
+        sent += grid.update(skeleton, skeleton_payload(skeleton))
         t_end = perf_counter()
         result.timings.append({
-            "broadcast": t_bcast - t_start + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,
-            "reduce": out.reduce_s, "mstep": t_end - t_m, "total": t_end - t_start,
+            "broadcast": bcast_s + t_end - t_u + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,
+            "reduce": out.reduce_s, "mstep": t_u - t_m + max(c.mstep_s for c in out.columns), "total": t_end - t_start,
         })
         result.bytes_moved.append({
-            "broadcast": broadcast_bytes, "compute": 0, "coupling": out.coupling_bytes,
-            "reduce": out.reduce_bytes, "mstep": 0,
+            "broadcast": sent, "compute": 0, "coupling": out.coupling_bytes, "reduce": out.reduce_bytes, "mstep": 0,
         })
+        sent, bcast_s = 0, 0.0
         for name, peak in out.peak_bytes.items():
             result.worker_peak_bytes[name] = max(peak, result.worker_peak_bytes.get(name, 0))
         result.worker_baseline_bytes.update(out.baseline_bytes)
-        ll = out.loglik
         result.log_likelihood.append(ll)
         result.iterations = it
-        result.model = model = new_model
+        result.shards = Shards(view, skeleton, grid.fetch)
         result.converged = previous is not None and abs(ll - previous) <= job.tol * abs(ll)
         if callback is not None:
             callback(it, ll, result)
         if result.converged:
             break
         previous = ll
+    if gather:
+        result.model = result.shards.gather()
+        result.shards = Shards.held(view, result.model)
     return result
 
 
-def check_finite(model: Node, out: GridOutcome, it: int) -> None:
-    """Stops the fit when the log-likelihood or some node's statistics are not finite."""
-    path = out.stats.first_nonfinite()
-    if path is not None:
-        node = model.node_at(path)
-        raise FitError(f"iteration {it}: the statistics of node {path or '<root>'!r} ({node.describe()}) "
+def fits_here(model: Node) -> bool:
+    """Whether the whole model takes at most a quarter of the memory this machine has free
+    (``MemAvailable``; True where it cannot be read)."""
+    need = sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return True
+    return 4 * need <= free
+
+
+def check_finite(bad: tuple[str, str] | None, loglik: float, it: int) -> None:
+    """Stops the fit when some node's statistics or the log-likelihood are not finite
+    (``bad``: the first such node's path and description, :func:`executors.mstep.join_columns`)."""
+    if bad is not None:
+        path, described = bad
+        raise FitError(f"iteration {it}: the statistics of node {path or '<root>'!r} ({described}) "
                        f"are not finite; the model's parameters or the data make its E-step overflow")
-    if not math.isfinite(out.loglik):
-        raise FitError(f"iteration {it}: the log-likelihood is {out.loglik}; some row has zero density "
+    if not math.isfinite(loglik):
+        raise FitError(f"iteration {it}: the log-likelihood is {loglik}; some row has zero density "
                        f"under the current model")

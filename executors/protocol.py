@@ -37,6 +37,9 @@ class FitJob:
     start_iter: int = 0
     #: the log-likelihood of the iteration before ``model`` (a resumed fit's last), or None
     previous_log_likelihood: float | None = None
+    #: whether the fitted model is gathered into ``FitResult.model``; None: when it fits
+    #: (:func:`executors.loop.fits_here`); it is always in ``FitResult.shards``
+    gather: bool | None = None
 
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""

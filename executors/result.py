@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emgrid.models import Node
 from emgrid.planner.plan import BalancePlan
+
+if TYPE_CHECKING:
+    from .mstep import Shards
 
 #: Phases of one EM iteration, in the order they run.
 PHASES = ("broadcast", "compute", "coupling", "reduce", "mstep")
@@ -15,7 +19,12 @@ PHASES = ("broadcast", "compute", "coupling", "reduce", "mstep")
 class FitResult:
     """The outcome of :func:`executors.optimize`.
 
-    - ``model``: the model after the last M-step.
+    - ``model``: the model after the last M-step, gathered from the shards' heads when it
+      fits in this process (``FitJob.gather``; else None).
+    - ``shards``: the same model as it sits on the grid (:class:`executors.mstep.Shards`):
+      the spanning nodes here, each shard's subtrees fetched from its head one at a time
+      (``shards.gather()``, or ``for s, subtrees in shards``). Valid while the executor's
+      workers are alive (inside a callback) and, once ``model`` is gathered, after.
     - ``log_likelihood``: one total per iteration, each the log-likelihood of the data under
       the model that iteration's E-step used (so it is non-decreasing for exact EM).
     - ``iterations``: number of E-steps run (``len(log_likelihood)``).
@@ -44,7 +53,7 @@ class FitResult:
       rows, k-means, the leaves' first M-steps). Empty, None and 0 for a warm start.
     """
 
-    model: Node
+    model: Node | None
     log_likelihood: list[float] = field(default_factory=list)
     iterations: int = 0
     converged: bool = False
@@ -58,6 +67,7 @@ class FitResult:
     init_best: int | None = None
     init_s: float = 0.0
     init_seeding_s: float = 0.0
+    shards: "Shards | None" = field(default=None, repr=False)
 
     def mean_timings(self, skip_first: bool = True) -> dict[str, float]:
         """Mean seconds per phase over the iterations (the first left out when there are others)."""

@@ -248,9 +248,10 @@ class WorkerStep:
         return share
 
 
-def run_replica_lockstep(steps: Sequence[WorkerStep], model: Node, iteration: int = 0) -> list[WorkerShare]:
-    """The shards of one replica in one process: every block's exchange done in memory."""
-    gens = [st.passes(model, iteration) for st in steps]
+def run_replica_lockstep(steps: Sequence[WorkerStep], models: Sequence[Node], iteration: int = 0) -> list[WorkerShare]:
+    """The shards of one replica in one process, ``models[s]`` shard ``s``'s part: every
+    block's exchange done in memory."""
+    gens = [st.passes(model, iteration) for st, model in zip(steps, models)]
     shares: list[WorkerShare | None] = [None] * len(gens)
     coupling = [0.0] * len(gens)
     sends: list = [None] * len(gens)
@@ -291,25 +292,3 @@ def sum_in_order(values):
     for v in it:
         total = total + v
     return total
-
-
-def reduce_shares(shares: Sequence[Sequence[WorkerShare]]) -> tuple[Stats, float]:
-    """``shares[r][s]`` to the total statistics and log-likelihood.
-
-    Each shard's column is summed over the replicas in replica order (:func:`reduce_shard`),
-    then the shards' totals are joined: they hold disjoint paths, so the join is exact, and
-    only one shard of a replica holds a non-zero log-likelihood, so adding the others'
-    zeros is exact too. Every executor reduces in exactly this order.
-    """
-    columns = [reduce_shard([shares[r][s] for r in range(len(shares))]) for s in range(len(shares[0]))]
-    return join_shards(columns)
-
-
-def reduce_shard(column: Sequence[WorkerShare]) -> tuple[Stats, float]:
-    """One shard's statistics and log-likelihood summed over the replicas, in replica order."""
-    return sum_in_order(w.stats for w in column), sum_in_order(w.loglik for w in column)
-
-
-def join_shards(columns: Sequence[tuple[Stats, float]]) -> tuple[Stats, float]:
-    """The shards' reduced columns joined into the totals, in shard order."""
-    return sum_in_order(c[0] for c in columns), sum_in_order(c[1] for c in columns)

@@ -107,8 +107,18 @@ class Elsewhere(Node):
 
     has_own_stats = False
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, data_type: str | None = None):
         self.path = path
+        self._data_type = data_type  # the subtree's, so a split node above it can be rebuilt
+
+    def data_type(self) -> str | None:
+        return self._data_type
+
+    def estimate(self, stats, path: str = "") -> "Elsewhere":
+        return self  # its own shard estimates the subtree (executors.mstep)
+
+    def own_unset(self) -> tuple[str, ...]:
+        return ()  # its own shard's part is checked there
 
     def params(self):
         return {}
@@ -251,20 +261,40 @@ class ShardView:
         subtrees whole and the spanning nodes above them, every other shard's subtree an
         :class:`Elsewhere`; the whole model when nothing spans, a bare :class:`Elsewhere`
         for an idle shard."""
-        if not self.evaluates(shard):
-            return Elsewhere("")
-        if self.whole:
-            return model
-        spanning, mine = frozenset(self.spanning), frozenset(self.roots_of(shard))
+        return self.assemble(self.skeleton(model), self.owned(shard, model))
+
+    def skeleton(self, model: Node) -> Node:
+        """The spanning nodes of ``model`` (a model of this view's tree, or any shard's part
+        of one) with every shard root an :class:`Elsewhere`: what the coordinator holds and
+        estimates; a bare :class:`Elsewhere` when nothing spans."""
+        spanning = frozenset(self.spanning)
 
         def prune(node: Node, path: str) -> Node:
-            if path in mine:
-                return node
             if path not in spanning:
-                return Elsewhere(path)
+                return node if isinstance(node, Elsewhere) else Elsewhere(path, node.data_type())
             return with_children(node, tuple(prune(c, child_path(path, i)) for i, c in enumerate(node.children)))
 
         return prune(model, "")
+
+    def owned(self, shard: int, model: Node) -> dict[str, Node]:
+        """The subtrees of ``shard``'s roots in ``model`` (the whole model, or the shard's part
+        of it), by path in pre-order."""
+        return {p: model.node_at(p) for p in self.roots_of(shard)}
+
+    def assemble(self, skeleton: Node, owned: Mapping[str, Node]) -> Node:
+        """``skeleton`` (:meth:`skeleton`) with the subtrees of ``owned`` (shard-root path ->
+        subtree) in their stubs' places: a shard's part given its own roots, the whole model
+        given every shard's."""
+        spanning = frozenset(self.spanning)
+
+        def fill(node: Node, path: str) -> Node:
+            if path in owned:
+                return owned[path]
+            if path not in spanning:
+                return node
+            return with_children(node, tuple(fill(c, child_path(path, i)) for i, c in enumerate(node.children)))
+
+        return fill(skeleton, "")
 
     def columns_for(self, shard: int, model: Node, data: Data) -> Data | None:
         """The columns of ``data`` (rows of ``model``'s data) that ``shard`` reads, the others

@@ -1,0 +1,167 @@
+"""The sharded M-step, shared by every executor: no process ever holds the whole model.
+
+Per iteration, after the E-step (:mod:`executors.step`):
+
+1. **Column reduce.** The statistics of shard ``s`` are summed over the ``D`` replicas of
+   its column, in replica order, on the column's *head*, the worker of cell ``(0, s)``
+   (:func:`column_sum`; transports stream the shares in, so the head holds one share in
+   transit beside the running sum).
+2. **Shard M-step.** The head estimates the subtrees of its shard roots from the column's
+   totals (:meth:`ShardPart.estimate`) and keeps them pending. It reports to the
+   coordinator only a :class:`ColumnReport`: the column's log-likelihood, the statistics
+   of the spanning nodes (the lead column's only; small: mixture weights, HMM
+   transitions) and the first node whose statistics are not finite.
+3. **Split M-step.** The coordinator joins the reports in shard order
+   (:func:`join_columns`), stops on non-finite statistics, and estimates the spanning nodes
+   of its *skeleton* (:meth:`models.shard.ShardView.skeleton`: the spanning nodes with
+   every shard root a stub), which is all of the model it holds.
+4. **Update.** The new skeleton goes to every worker; each head sends its pending subtrees
+   to the other workers of its column; every worker splices both into its part
+   (:meth:`ShardPart.apply`).
+
+Every node's new parameters come from the same statistics summed in the same order as a
+whole-model M-step on one process (the column sums in replica order, then the columns in
+shard order, disjoint paths), so traces do not depend on the executor. The fitted model
+leaves the grid shard by shard (:class:`Shards`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+
+from emgrid.models import Node, ShardView, Stats
+from emgrid.models.stats import StatsAccumulator
+from emgrid.models.regularize import Regularization, regularize
+
+from .step import PROTOCOL, sum_in_order
+
+
+@dataclass
+class ColumnReport:
+    """What the head of one shard's column sends the coordinator after its M-step."""
+
+    shard: int
+    loglik: float  # the column's, summed in replica order (zero but on the lead column)
+    split_stats: Stats  # the spanning nodes' statistics (the lead column's; empty elsewhere)
+    nonfinite: tuple[str, str] | None = None  # (path, node description) of the first non-finite statistics
+    mstep_s: float = 0.0  # the head's estimate of its subtrees
+    reduce_s: float = 0.0  # the head's wait for and summing of its column's shares
+    reduce_bytes: int = 0  # pickled statistics its column moved to it (the head's own not counted)
+
+
+def column_sum(stats: Iterable[Stats]) -> Stats:
+    """One column's statistics summed in replica order, as they arrive: the sums of ``a + b +
+    c ...``, added in place (:class:`models.stats.StatsAccumulator`), so the head holds the
+    running sum and the share in transit, never the column."""
+    total = StatsAccumulator()
+    for part in stats:
+        total.add(part)
+    return total.result()
+
+
+def report_payload(report: ColumnReport) -> bytes:
+    """A column report as it crosses the wire to the coordinator."""
+    return pickle.dumps(report, protocol=PROTOCOL)
+
+
+def join_columns(reports: Sequence[ColumnReport]) -> tuple[Stats, float, tuple[str, str] | None]:
+    """The columns' reports (by shard) to the spanning nodes' statistics, the total
+    log-likelihood (in shard order) and the first non-finite node (the first path in
+    :meth:`models.Stats.first_nonfinite`'s order, as a whole-model check would name it)."""
+    split: dict = {}
+    for r in reports:
+        split.update(r.split_stats)
+    bad = [r.nonfinite for r in reports if r.nonfinite is not None]
+    first = min(bad) if bad else None
+    return Stats(split), sum_in_order(r.loglik for r in reports), first
+
+
+@dataclass
+class ShardPart:
+    """A worker's part of the model (:meth:`ShardView.model_for`) and, on a column head, the
+    M-step of its shard's subtrees."""
+
+    view: ShardView
+    shard: int
+    part: Node
+    regularization: Regularization | None = None
+    pending: dict[str, Node] | None = field(default=None, repr=False)
+
+    def estimate(self, stats: Stats, loglik: float) -> ColumnReport:
+        """The head's M-step: ``stats`` are its column's totals; the new subtrees stay
+        pending until :meth:`apply`. Non-finite statistics are reported, not estimated."""
+        t0 = perf_counter()
+        spanning = frozenset(self.view.spanning)
+        split = Stats({p: v for p, v in stats.items() if p in spanning})
+        own = Stats({p: v for p, v in stats.items() if p not in spanning})
+        self.pending = None
+        bad = stats.first_nonfinite()
+        if bad is not None:
+            node = self.part.node_at(bad)
+            return ColumnReport(self.shard, loglik, split, (bad, node.describe()), perf_counter() - t0)
+        own = regularize(self.part, own, self.regularization)
+        self.pending = {p: self.part.node_at(p).estimate(own, p) for p in self.view.roots_of(self.shard)}
+        return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
+
+    def pending_payload(self) -> bytes:
+        """The head's new subtrees as they go to the other workers of its column."""
+        return pickle.dumps(self.pending, protocol=PROTOCOL)
+
+    def apply(self, skeleton: Node, owned: Mapping[str, Node] | None = None) -> None:
+        """The next model: the coordinator's new ``skeleton`` with the shard's new subtrees
+        (``owned``, from the head; the head's own pending ones when None)."""
+        owned = self.pending if owned is None else owned
+        if owned is None:
+            raise RuntimeError(f"shard {self.shard}: no new subtrees to apply (no M-step ran)")
+        self.part = self.view.assemble(skeleton, owned)
+        self.pending = None
+
+    def owned(self) -> dict[str, Node]:
+        """The shard's current subtrees (what it contributes to the fitted model)."""
+        return self.view.owned(self.shard, self.part)
+
+
+def split_m_step(skeleton: Node, split: Stats, regularization: Regularization | None) -> Node:
+    """The coordinator's M-step: the spanning nodes re-estimated, the stubs kept."""
+    return skeleton.estimate(regularize(skeleton, split, regularization))
+
+
+def skeleton_payload(skeleton: Node) -> bytes:
+    return pickle.dumps(skeleton, protocol=PROTOCOL)
+
+
+class Shards:
+    """A fitted model as it sits on the grid: the coordinator's skeleton and a way to fetch
+    each shard's subtrees from its head, one shard at a time."""
+
+    def __init__(self, view: ShardView, skeleton: Node, fetch: Callable[[int], Mapping[str, Node]]):
+        self.view = view
+        self.skeleton = skeleton
+        self._fetch = fetch
+
+    @property
+    def n_shards(self) -> int:
+        return self.view.n_shards
+
+    def shard(self, s: int) -> dict[str, Node]:
+        """Shard ``s``'s subtrees by root path (empty for an idle shard)."""
+        return dict(self._fetch(s)) if self.view.roots_of(s) else {}
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Node]]]:
+        for s in range(self.n_shards):
+            yield s, self.shard(s)
+
+    def gather(self) -> Node:
+        """The whole model in this process."""
+        owned: dict[str, Node] = {}
+        for _, part in self:
+            owned.update(part)
+        return self.view.assemble(self.skeleton, owned)
+
+    @classmethod
+    def held(cls, view: ShardView, model: Node) -> "Shards":
+        """A whole model already in this process, seen as shards."""
+        return cls(view, view.skeleton(model), lambda s: view.owned(s, model))
