@@ -19,8 +19,8 @@ from .loop import GridOutcome, run_em
 from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .mstep import ShardPart, column_sum, report_payload
-from .step import WorkerStep, grid_layout, run_replica_lockstep, sum_in_order
+from .mstep import ShardPart, report_payload, tree_sum
+from .step import WorkerStep, grid_layout, run_replica_lockstep
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 
@@ -51,7 +51,7 @@ class LocalGrid:
         for s, part in enumerate(self.parts):
             column = [row[s] for row in shares]
             reduce_bytes += sum(len(w.payload()) for w in column[1:])
-            report = part.estimate(column_sum(w.stats for w in column), sum_in_order(w.loglik for w in column))
+            report = part.estimate(*tree_sum([(w.stats, w.loglik) for w in column]))
             reduce_bytes += len(report_payload(report))
             columns.append(report)
         reduce_s = perf_counter() - t0 - sum(c.mstep_s for c in columns)

@@ -3,9 +3,9 @@
 Per iteration, after the E-step (:mod:`executors.step`):
 
 1. **Column reduce.** The statistics of shard ``s`` are summed over the ``D`` replicas of
-   its column, in replica order, on the column's *head*, the worker of cell ``(0, s)``
-   (:func:`column_sum`; transports stream the shares in, so the head holds one share in
-   transit beside the running sum).
+   its column by a tree reduce to the column's *head*, the worker of cell ``(0, s)``
+   (:func:`column_reduce`, in ``ceil(log2 D)`` rounds, one fixed order; no worker holds
+   more than its running sum and one partial sum in transit).
 2. **Shard M-step.** The head estimates the subtrees of its shard roots from the column's
    totals (:meth:`ShardPart.estimate`) and keeps them pending. It reports to the
    coordinator only a :class:`ColumnReport`: the column's log-likelihood, the statistics
@@ -20,8 +20,8 @@ Per iteration, after the E-step (:mod:`executors.step`):
    (:meth:`ShardPart.apply`).
 
 Every node's new parameters come from the same statistics summed in the same order as a
-whole-model M-step on one process (the column sums in replica order, then the columns in
-shard order, disjoint paths), so traces do not depend on the executor. The fitted model
+whole-model M-step on one process (the column sums in :func:`tree_rounds`' order, then
+the columns in shard order, disjoint paths), so traces do not depend on the executor. The fitted model
 leaves the grid shard by shard (:class:`Shards`).
 """
 
@@ -52,14 +52,70 @@ class ColumnReport:
     reduce_bytes: int = 0  # pickled statistics its column moved to it (the head's own not counted)
 
 
-def column_sum(stats: Iterable[Stats]) -> Stats:
-    """One column's statistics summed in replica order, as they arrive: the sums of ``a + b +
-    c ...``, added in place (:class:`models.stats.StatsAccumulator`), so the head holds the
-    running sum and the share in transit, never the column."""
+def tree_rounds(d: int) -> list[list[tuple[int, int]]]:
+    """The column reduce's schedule over ``d`` replicas: per round, its ``(receiver,
+    sender)`` pairs. Round ``k`` pairs replica ``r`` (a multiple of ``2 ** (k + 1)``) with
+    ``r + 2 ** k``; after ``ceil(log2 d)`` rounds (the planner's ``L(D)``) replica 0, the
+    head, holds the column's sum ``((s0 + s1) + (s2 + s3)) + ...``: one order for every
+    executor, so their traces agree to the last bit."""
+    rounds, step = [], 1
+    while step < d:
+        rounds.append([(r, r + step) for r in range(0, d - step, 2 * step)])
+        step *= 2
+    return rounds
+
+
+def tree_role(replica: int, d: int) -> tuple[list[int], int | None]:
+    """One replica's part of :func:`tree_rounds`: the replicas it receives partial sums
+    from, in order, and the one it then sends its own to (None for the head, replica 0)."""
+    senders, target = [], None
+    for pairs in tree_rounds(d):
+        for receiver, sender in pairs:
+            if receiver == replica:
+                senders.append(sender)
+            elif sender == replica:
+                target = receiver
+        if target is not None:
+            break
+    return senders, target
+
+
+Partial = tuple[Stats, float]
+
+
+def column_reduce(replica: int, d: int, stats: Stats, loglik: float, receive: Callable[[int], Partial],
+                  send: Callable[[int, Partial], None]) -> Partial | None:
+    """This replica's part of its column's tree reduce (:func:`tree_rounds`), over a
+    transport's ``receive(replica) -> (stats, loglik)`` and ``send(replica, partial)``:
+    returns the column's totals on the head (replica 0), None elsewhere once sent.
+    Partial sums are added in place (:class:`models.stats.StatsAccumulator`), so a replica
+    holds its running sum and one partial in transit, never the column."""
+    senders, target = tree_role(replica, d)
     total = StatsAccumulator()
-    for part in stats:
-        total.add(part)
-    return total.result()
+    total.add(stats)
+    for src in senders:
+        got, ll = receive(src)
+        total.add(got)
+        loglik = loglik + ll
+        del got
+    partial = (total.result(), loglik)
+    if target is None:
+        return partial
+    send(target, partial)
+    return None
+
+
+def tree_sum(column: Sequence[Partial]) -> Partial:
+    """A whole column's :func:`column_reduce` in one process (``column[r]`` replica ``r``'s
+    statistics and log-likelihood); the sums, and their order, of every transport's."""
+    d = len(column)
+    sent: dict[int, Partial] = {}  # by sender
+    for r in reversed(range(d)):  # every sender of a replica has a higher index
+        out = column_reduce(r, d, column[r][0], column[r][1], sent.pop,
+                            lambda _target, partial, r=r: sent.__setitem__(r, partial))
+        if out is not None:
+            return out
+    raise AssertionError("replica 0 heads every column")
 
 
 def report_payload(report: ColumnReport) -> bytes:

@@ -34,14 +34,16 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
   + SYNC_WAIT_SHARE * compute`` with ``C = models.shard.coupling_bytes_per_row``: an
   allgather of the owned roots' log densities among the ``M`` shards of a replica, once per
   block, and the wait for each block's slowest shard;
-- reduce    ``L(D) * (lat + max_s S_s / bw)``: every shard group tree-reduces its shard's
-  statistics over the ``D`` replicas;
+- reduce    ``L(D) * (lat + max_s S_s / bw)``: every shard's column reduces its shard's
+  statistics over the ``D`` replicas to its head (``executors.mstep``);
 - broadcast ``L(D) * (lat + max_s P_s / bw)`` plus, when ``M > 1``,
-  ``L(M) * (lat + P_split / bw)``: each shard's new parameters go to its ``D`` workers, and
-  the split nodes' new parameters (estimated once) go to the ``M`` shards;
-- M-step    ``ITERATION_S + n_nodes * ESTIMATE_S``: the coordinator estimates every node
-  and runs the loop (the same for every plan of a model: it does not change which plan is
-  best, only what it predicts).
+  ``L(M) * (lat + P_split / bw)``: each head's new subtrees go to its column's ``D``
+  workers, and the split nodes' new parameters (estimated once, by the coordinator) to the
+  ``M`` shards;
+- M-step    ``ITERATION_S + n_nodes * ESTIMATE_S``: each column's head estimates its shard's
+  subtrees and the coordinator the spanning nodes (``executors.mstep``), priced as one pass
+  over every node plus the loop (the same for every plan of a model: it does not change
+  which plan is best, only what it predicts).
 
 The total is the sum of the five terms (the phases are synchronous).
 
@@ -101,19 +103,26 @@ COUPLING_COPIES = 2.0
 SYNC_WAIT_SHARE = 0.1
 
 
-#: Copies of the whole model's parameters and statistics that the coordinator holds beyond
-#: a worker's when it is a worker too (``Resources.coordinator_in_grid``): the shards'
-#: statistics gathered and merged, the new model and its pickled parts for the workers
-#: (``bench/memory.py --executor mpi`` measures it: ``bench/results/memory_mpi.md``).
-COORDINATOR_COPIES = 2.5
+#: Copies of the spanning nodes' parameters and statistics that the coordinator holds
+#: beyond a worker's when it is a worker too (``Resources.coordinator_in_grid``): the
+#: skeleton it estimates and the new one, its pickle for the workers, the columns' reports
+#: and their join (``executors.mstep``; ``bench/memory.py --executor mpi`` measures it:
+#: ``bench/results/memory_mpi.md``). The shards' own statistics and subtrees never reach it.
+COORDINATOR_COPIES = 3.0
 
 
 def coordinator_bytes(facts: ModelFacts, resources: Resources) -> float:
     """What cell ``(0, 0)`` holds beyond its worker's share when it also coordinates
-    (:data:`COORDINATOR_COPIES`; 0 when the coordinator is outside the grid)."""
+    (:data:`COORDINATOR_COPIES` of the internal nodes' parameters and statistics, which
+    bound the spanning nodes' of every placement; 0 when the coordinator is outside the grid).
+
+    One figure for every placement keeps it a constant of the program; the internal nodes
+    are mixture weights, HMM transitions, records: small beside the leaves."""
     if not resources.coordinator_in_grid:
         return 0.0
-    return COORDINATOR_COPIES * float(facts.param.sum() + facts.stat.sum())
+    internal = np.ones(len(facts.param), dtype=bool)
+    internal[facts.leaf_nodes] = False
+    return COORDINATOR_COPIES * float(facts.param[internal].sum() + facts.stat[internal].sum())
 
 
 def compute_factor(m: int) -> float:
