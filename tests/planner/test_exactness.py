@@ -123,16 +123,6 @@ def test_single_replica_layouts_keep_only_undominated_multisets():
     assert len(with_coordinator) > len(layouts)
 
 
-def test_the_coordinator_cell_is_not_interchangeable():
-    # issue 13, item 1: the Gaussian belongs on the coordinator's cell
-    model = Composite([fg(32), fg(32), Gaussian(0.0, 1.0)])
-    res = Resources.uniform(3, memory_bytes=348_746).model_copy(update={"coordinator_in_grid": True})
-    plan = balance_plan(model, res, n_data=1, solver=EXACT)
-    validate_plan(plan, model, res, 1)
-    assert (plan.data_parallel, plan.model_parallel) == (1, 3)
-    assert plan.model_cuts[0].leaves == ("2",)
-
-
 def test_a_reference_far_below_the_optimum_does_not_cut_plans_off():
     # issue 13, item 4: the time variables' cap comes from the instance, not the reference
     model = Composite([Mixture([Gaussian(0.0, 1.0) for _ in range(6)], probs(6)), fg(8)])

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from emgrid.models import HMM, Categorical, Composite, Gaussian, Mixture, Poisson, Sequence, from_spec
 from emgrid.planner import (InfeasiblePlanError, Network, PlanError, Resources, SolverConfig, Worker, balance_plan,
                             plan_from_assignment, validate_plan)
-from emgrid.planner.costing import price, shard_sums
+from emgrid.planner.costing import coordinator_bytes, price, shard_sums
 from emgrid.planner.facts import model_facts
 from tests.planner.helpers import dg, fg, memory_share, probs
 from tests.planner.oracle import best_plan, best_rows, search
@@ -345,12 +345,19 @@ def coordinating(res: Resources) -> Resources:
 
 
 def test_item_1_the_coordinators_cell_is_not_interchangeable():
-    """Cell (0, 0) has less room: the light Gaussian belongs there, not a heavy leaf."""
-    model = Composite([fg(32), fg(32), Gaussian(0.0, 1.0)])
-    res = coordinating(Resources.uniform(3, memory_bytes=348_746))
-    _, o = check_against_oracle(model, res, 1)
+    """Cell (0, 0) has less room: the light Gaussian belongs there, not a heavy leaf. The
+    coordinator holds the spanning nodes (the mixture's weight), so the limit is set between
+    a full Gaussian's cell without that charge and with it."""
+    model = Mixture([Composite([fg(32), fg(32), Gaussian(0.0, 1.0)])], np.ones(1))
+    roomy = coordinating(Resources.uniform(3, memory_bytes=10**9))
+    charge = coordinator_bytes(model_facts(model), roomy)
+    assert charge > 0
+    light_first = plan_from_assignment(model, roomy, 1, data_parallel=1, model_parallel=3,
+                                       shard_of_leaf={"0.0": 1, "0.1": 2, "0.2": 0})
+    limit = light_first.per_worker[1].memory_bytes + int(charge // 2)
+    _, o = check_against_oracle(model, coordinating(Resources.uniform(3, memory_bytes=limit)), 1)
     assert (o.assignment["data_parallel"], o.assignment["model_parallel"]) == (1, 3)
-    assert o.assignment["shard_of_leaf"]["2"] == 0  # the Gaussian on the coordinator's shard
+    assert o.assignment["shard_of_leaf"]["0.2"] == 0  # the Gaussian on the coordinator's shard
 
 
 def item_2_instance():
