@@ -151,6 +151,8 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
     if gather:
         result.model = result.shards.gather()
         result.shards = Shards.held(view, result.model)
+    else:  # read while the workers hold the model
+        result.warnings = result.shards.warnings()
     return result
 
 

@@ -68,6 +68,8 @@ class FitResult:
     init_s: float = 0.0
     init_seeding_s: float = 0.0
     shards: "Shards | None" = field(default=None, repr=False)
+    #: ``models.diagnose.fit_warnings`` of a model left on the grid (read before its workers stopped)
+    warnings: list[str] = field(default_factory=list)
 
     def mean_timings(self, skip_first: bool = True) -> dict[str, float]:
         """Mean seconds per phase over the iterations (the first left out when there are others)."""

@@ -29,11 +29,12 @@ def _where(path: str) -> str:
     return repr(path) if path else "'<root>'"
 
 
-def fit_warnings(model: Node) -> list[str]:
-    """One line per collapsed component or floored variance of a complete model."""
+def fit_warnings(model: Node, prefix: str = "") -> list[str]:
+    """One line per collapsed component or floored variance of a complete model (or of the
+    subtree at path ``prefix`` of one, or of a shard's part: stubs are skipped)."""
     out = []
     at_floor = VAR_FLOOR * (1.0 + FLOOR_MARGIN)
-    for path, node in model.nodes():
+    for path, node in model.nodes(prefix):
         if isinstance(node, Mixture) and node.weights is not None:
             for k in np.flatnonzero(node.weights < COLLAPSED_WEIGHT):
                 out.append(f"Mixture at path {_where(path)}: component {int(k)} has weight {float(node.weights[k]):.3g} "
