@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from time import perf_counter
 
 from emgrid.models import Node, ShardView, Stats
+from emgrid.models.tree import child_path
 from emgrid.models.stats import StatsAccumulator
+from emgrid.models.diagnose import fit_warnings
+from emgrid.models.errors import ModelError
 from emgrid.models.regularize import Regularization, regularize
 
 from .step import PROTOCOL, sum_in_order
@@ -144,22 +147,39 @@ class ShardPart:
     shard: int
     part: Node
     regularization: Regularization | None = None
+    #: whether this worker's part is its own (unpickled), so its M-step may take the old
+    #: subtrees apart as it goes (:func:`estimate_releasing`); False where the part shares
+    #: nodes with the caller's model (the local executor)
+    private: bool = False
     pending: dict[str, Node] | None = field(default=None, repr=False)
 
     def estimate(self, stats: Stats, loglik: float) -> ColumnReport:
-        """The head's M-step: ``stats`` are its column's totals; the new subtrees stay
-        pending until :meth:`apply`. Non-finite statistics are reported, not estimated."""
+        """The head's M-step: ``stats`` are its column's totals (pass the only reference:
+        they are let go subtree by subtree). Each new subtree replaces the old one in the
+        part at once, so the head holds one subtree twice at a time, never its whole shard;
+        the new subtrees are also kept pending for the column until :meth:`apply`.
+        Non-finite statistics are reported, not estimated."""
         t0 = perf_counter()
         spanning = frozenset(self.view.spanning)
         split = Stats({p: v for p, v in stats.items() if p in spanning})
-        own = Stats({p: v for p, v in stats.items() if p not in spanning})
         self.pending = None
         bad = stats.first_nonfinite()
         if bad is not None:
             node = self.part.node_at(bad)
             return ColumnReport(self.shard, loglik, split, (bad, node.describe()), perf_counter() - t0)
-        own = regularize(self.part, own, self.regularization)
-        self.pending = {p: self.part.node_at(p).estimate(own, p) for p in self.view.roots_of(self.shard)}
+        left = {p: v for p, v in stats.items() if p not in spanning}
+        del stats
+        skeleton = self.view.skeleton(self.part)
+        current = self.view.owned(self.shard, self.part)
+        self.pending = {}
+        left = dict(regularize(self.part, Stats(left), self.regularization)) if self.regularization else left
+        for root in self.view.roots_of(self.shard):
+            if self.private:
+                new = estimate_releasing(current.pop(root), left, root)
+            else:
+                new = current[root].estimate(Stats(left), root)
+            current[root] = self.pending[root] = new
+            self.part = self.view.assemble(skeleton, current)  # the old subtree goes now
         return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
 
     def pending_payload(self) -> bytes:
@@ -168,7 +188,7 @@ class ShardPart:
 
     def apply(self, skeleton: Node, owned: Mapping[str, Node] | None = None) -> None:
         """The next model: the coordinator's new ``skeleton`` with the shard's new subtrees
-        (``owned``, from the head; the head's own pending ones when None)."""
+        (``owned``, from the head; the head's own, already in its part, when None)."""
         owned = self.pending if owned is None else owned
         if owned is None:
             raise RuntimeError(f"shard {self.shard}: no new subtrees to apply (no M-step ran)")
@@ -178,6 +198,23 @@ class ShardPart:
     def owned(self) -> dict[str, Node]:
         """The shard's current subtrees (what it contributes to the fitted model)."""
         return self.view.owned(self.shard, self.part)
+
+
+def estimate_releasing(node: Node, stats: dict, path: str) -> Node:
+    """``node.estimate(stats, path)``, letting each old child and each node's statistics go
+    as soon as its replacement exists: the old node's children are swapped for the new ones
+    one by one and the statistics popped from ``stats``, so at any time the tree is held
+    about once and only one child twice. ``node`` must be this process's own (it is taken
+    apart); the result equals ``node.estimate`` to the last bit."""
+    children = list(node.children)
+    for i in range(len(children)):
+        children[i] = estimate_releasing(children[i], stats, child_path(path, i))
+        node.children = tuple(children)  # the old child is now referenced nowhere
+    if not node.has_own_stats:
+        return node._estimate((), tuple(children))
+    if path not in stats:
+        raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({node.family})")
+    return node._estimate(stats.pop(path), tuple(children))
 
 
 def split_m_step(skeleton: Node, split: Stats, regularization: Regularization | None) -> Node:
@@ -217,7 +254,23 @@ class Shards:
             owned.update(part)
         return self.view.assemble(self.skeleton, owned)
 
+    def warnings(self) -> list[str]:
+        """:func:`models.diagnose.fit_warnings` of the whole model, read shard by shard."""
+        out = fit_warnings(self.skeleton)
+        for _, part in self:
+            for path, subtree in part.items():
+                out.extend(fit_warnings(subtree, path))
+        return out
+
     @classmethod
     def held(cls, view: ShardView, model: Node) -> "Shards":
         """A whole model already in this process, seen as shards."""
         return cls(view, view.skeleton(model), lambda s: view.owned(s, model))
+
+
+def update_bytes(view: ShardView, d: int, skeleton_bytes: int, pending_bytes: Sequence[int]) -> int:
+    """The bytes of one update (:meth:`ShardPart.apply`) on a ``d``-replica grid: the pickled
+    skeleton (``skeleton_bytes``) to the ``d`` workers of every shard that evaluates, and
+    each such shard's new subtrees (``pending_bytes[s]``, pickled) from its head to the
+    column's ``d - 1`` others."""
+    return sum(d * skeleton_bytes + (d - 1) * n for s, n in enumerate(pending_bytes) if view.evaluates(s))
