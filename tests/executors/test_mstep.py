@@ -5,6 +5,7 @@ another shard's statistics."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -37,8 +38,9 @@ def shard_stats(view: ShardView, stats: Stats, s: int) -> Stats:
 
 
 @settings(max_examples=40, deadline=None)
-@given(S.models_with_data(min_rows=4, max_rows=30), st.data(), st.sampled_from([None, Regularization(1e-3, 0.5)]))
-def test_the_shards_and_the_skeleton_estimate_the_whole_model_to_the_last_bit(model_data, draw, reg):
+@given(S.models_with_data(min_rows=4, max_rows=30), st.data(), st.sampled_from([None, Regularization(1e-3, 0.5)]),
+       st.booleans())
+def test_the_shards_and_the_skeleton_estimate_the_whole_model_to_the_last_bit(model_data, draw, reg, private):
     model, data = model_data
     if len(model.leaves()) < 2:
         m, placement = 1, {p: 0 for p, _ in model.leaves()}
@@ -52,7 +54,9 @@ def test_the_shards_and_the_skeleton_estimate_the_whole_model_to_the_last_bit(mo
     skeleton = view.skeleton(model)
     owned, reports = {}, []
     for s in range(m):
-        part = ShardPart(view, s, view.model_for(s, model), reg)
+        # a private part (as unpickled by a worker) is taken apart as it is re-estimated
+        mine = view.model_for(s, copy.deepcopy(model) if private else model)
+        part = ShardPart(view, s, mine, reg, private=private)
         reports.append(part.estimate(shard_stats(view, stats, s), 0.0))
         owned.update(part.pending)
         part.apply(skeleton)
