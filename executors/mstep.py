@@ -230,10 +230,18 @@ class Shards:
     """A fitted model as it sits on the grid: the coordinator's skeleton and a way to fetch
     each shard's subtrees from its head, one shard at a time."""
 
-    def __init__(self, view: ShardView, skeleton: Node, fetch: Callable[[int], Mapping[str, Node]]):
+    def __init__(self, view: ShardView, skeleton: Node, fetch: Callable[[int], Mapping[str, Node]] | None = None,
+                 model: Node | None = None):
+        """``fetch(s)`` asks the grid for shard ``s``'s subtrees; or ``model``: the whole
+        model, already here."""
         self.view = view
         self.skeleton = skeleton
         self._fetch = fetch
+        self._model = model
+
+    def __getstate__(self):
+        # a grid's fetch does not travel: a copy elsewhere holds what was gathered, or nothing
+        return {**self.__dict__, "_fetch": None}
 
     @property
     def n_shards(self) -> int:
@@ -241,7 +249,14 @@ class Shards:
 
     def shard(self, s: int) -> dict[str, Node]:
         """Shard ``s``'s subtrees by root path (empty for an idle shard)."""
-        return dict(self._fetch(s)) if self.view.roots_of(s) else {}
+        if not self.view.roots_of(s):
+            return {}
+        if self._model is not None:
+            return self.view.owned(s, self._model)
+        if self._fetch is None:
+            raise RuntimeError("the model was left on the grid (FitJob.gather=False) and its workers have stopped; "
+                               "read it inside the fit's callback")
+        return dict(self._fetch(s))
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Node]]]:
         for s in range(self.n_shards):
@@ -265,7 +280,7 @@ class Shards:
     @classmethod
     def held(cls, view: ShardView, model: Node) -> "Shards":
         """A whole model already in this process, seen as shards."""
-        return cls(view, view.skeleton(model), lambda s: view.owned(s, model))
+        return cls(view, view.skeleton(model), model=model)
 
 
 def update_bytes(view: ShardView, d: int, skeleton_bytes: int, pending_bytes: Sequence[int]) -> int:

@@ -1,12 +1,24 @@
 """The multiprocessing executor: one worker process per grid cell on this machine.
 
-Bytes move over pipes: the parent (the coordinator) sends each worker its shard's pickled
-part of the model and receives its pickled statistics with an
-:class:`executors.step.ShareReport`; the shards of a replica exchange their per-row log
-densities directly, over one pipe per pair of shards, as :mod:`executors.coupling`'s flat
-messages. Rows never pass through the parent:
-the data lives in ``.npy`` files (written once to a temporary directory when the caller
-gave arrays) that every worker maps for its own row range only.
+Bytes move over pipes, and no process holds the whole model (:mod:`executors.mstep`):
+
+- the parent (the coordinator) sends each worker its shard's pickled part of the model
+  once per run (:class:`executors.mstep.ShardPart`), then per iteration a step command;
+- the shards of a replica exchange their per-row log densities directly, over one pipe
+  per pair of shards, as :mod:`executors.coupling`'s flat messages;
+- the statistics of shard ``s`` are reduced over the workers of its column by the tree
+  of :func:`executors.mstep.tree_rounds` (pickled partial sums and log-likelihoods, over
+  one pipe per pair of the tree) to the column's head, the worker of cell ``(0, s)``,
+  which runs its shard's M-step and sends the parent only its
+  :class:`executors.mstep.ColumnReport`. Every worker sends the parent its
+  :class:`executors.step.ShareReport` (timings, memory);
+- the parent sends the new skeleton to every worker; each head sends its new subtrees
+  down the same tree to the other workers of its column, and the parent fetches a
+  shard's subtrees from its head only when asked (:meth:`ProcessGrid.fetch`).
+
+Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
+temporary directory when the caller gave arrays) that every worker maps for its own row
+range only.
 
 Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS and OpenMP limited
 to ``blas_threads`` threads (one by default, :mod:`executors.threads`): processes each
@@ -22,10 +34,10 @@ A SIGTERM to the parent while it runs a fit (with the default action in place) u
 the workers stop and the temporary copy of the data goes, then the process exits 143.
 
 A worker that raises or dies stops the fit with a FitError naming it and the iteration;
-the parent never blocks on a dead worker. When one
-worker of a model-parallel replica fails, its peers lose their pipes to it and report
-that too; the parent names the worker that failed first (an error it reported, or a
-death), not the peers that stopped because of it.
+the parent never blocks on a dead worker. When one worker fails, the workers it exchanges
+with (the other shards of its replica, its column's head or the column's other replicas)
+lose their pipes to it and report that too; the parent names the worker that failed first
+(an error it reported, or a death), not the peers that stopped because of it.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import multiprocessing as mp
 import pickle
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -47,66 +60,98 @@ import numpy as np
 
 from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError
+from emgrid.models.regularize import Regularization
 
 from . import coupling
 from .datafiles import NpyDataset
 from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
+from .mstep import ShardPart, column_reduce, report_payload, tree_role, tree_rounds, update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import WorkerSpec, WorkerStep, grid_layout, reduce_shares
+from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, environment, limited, probe, thread_env
 
-_STOP = b""
 #: Seconds the parent keeps listening, after a worker reports that it lost a peer, for the
 #: peer's own error report or death (the cause, which it names instead).
 _CAUSE_GRACE_S = 5.0
+_LOGLIK = struct.Struct("<d")  # a partial sum's log-likelihood, as it goes up its column's tree
 
 
 class _PeerLost(Exception):
-    """A pipe to another shard of the replica broke: that shard failed."""
+    """A pipe to another worker (of the replica, or of the column) broke: that worker failed."""
 
-    def __init__(self, shard: int):
-        super().__init__(shard)
-        self.shard = shard
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index  # the peer's grid index
 
 
-def _worker_main(spec: WorkerSpec, directory: str, model: Node, control: Connection,
-                 peers: dict[int, Connection], blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
-    """A worker process: map its rows, then run one step per model received until told to stop."""
+def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
+                 peers: dict[int, Connection], column: dict[int, Connection],
+                 regularization: Regularization | None = None,
+                 blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
+    """A worker process: map its rows, then serve the parent's commands until told to stop.
+
+    ``d``: the replicas of the grid. ``peers``: by shard, the pipes to the other shards of
+    its replica; ``column``: by replica, the pipes to the workers of its column it meets in
+    the column's tree reduce (:func:`executors.mstep.tree_rounds`)."""
     with limited(blas_threads):
-        _serve(spec, directory, model, control, peers)
+        _serve(spec, d, directory, model, control, peers, column, regularization)
 
 
-def _serve(spec: WorkerSpec, directory: str, model: Node, control: Connection, peers: dict[int, Connection]) -> None:
+def _serve(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
+           peers: dict[int, Connection], column: dict[int, Connection],
+           regularization: Regularization | None) -> None:
     try:
         for root in spec.roots:
             warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
         step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
+        del model  # each run's part comes with its broadcast
         probe(spec.name)
+        children, parent = tree_role(spec.replica, d)
+        cell = _Column(spec, column)
         control.send(("ready", None))
-        iteration = 0
+        part: ShardPart | None = None
+        received = 0.0  # seconds spent taking in the model since the last step
+        pending = b""  # a head's new subtrees, pickled for the rest of its column
         while True:
-            payload = control.recv_bytes()
-            if payload == _STOP:
+            command, arg = control.recv()
+            if command == "stop":
                 return
-            iteration += 1
             t0 = perf_counter()
-            model = None  # the last iteration's model: not kept while the new one is unpickled
-            model = pickle.loads(payload)
-            del payload
-            received = perf_counter() - t0
-            share = step.run(model, lambda mine: _exchange(spec, peers, mine), iteration)
-            share.receive_s = received
-            blob = share.payload()
-            control.send(("share", share.report(spec.name, len(blob), meter.baseline_bytes)))
-            del share
-            control.send_bytes(blob)
-            del blob
+            if command == "part":
+                part = None  # the last run's part: not kept while the new one is unpickled
+                part = ShardPart(spec.view, spec.shard, pickle.loads(control.recv_bytes()), regularization)
+                received += perf_counter() - t0
+            elif command == "update":  # the skeleton from the parent, the subtrees down the column's tree
+                skeleton = pickle.loads(control.recv_bytes())
+                if parent is not None:
+                    pending = cell.recv(parent)
+                for r in reversed(children):  # the largest subtree first
+                    cell.send(r, pending)
+                if parent is None:
+                    part.apply(skeleton)
+                else:
+                    part.apply(skeleton, pickle.loads(pending))
+                pending = b""
+                del skeleton
+                received += perf_counter() - t0
+            elif command == "fetch":
+                blob = pickle.dumps(part.owned(), protocol=PROTOCOL)
+                control.send(("bytes", None))
+                control.send_bytes(blob)
+                del blob
+            elif command == "step":
+                share = step.run(part.part, lambda mine: _exchange(spec, peers, mine), arg)
+                share.receive_s, received = received, 0.0
+                pending = _reduce(spec, d, part, share, cell, meter, control)
+                del share
+            else:
+                raise RuntimeError(f"unknown command {command!r}")
     except _PeerLost as e:
         try:
-            control.send(("lost", e.shard))
+            control.send(("lost", e.index))
         except OSError:
             pass
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
@@ -117,6 +162,70 @@ def _serve(spec: WorkerSpec, directory: str, model: Node, control: Connection, p
             control.send(("error", (summary, traceback.format_exc())))
         except OSError:
             pass
+
+
+class _Column:
+    """A worker's pipes to the other workers of its column (by replica); a broken one is
+    that worker's failure (:class:`_PeerLost`)."""
+
+    def __init__(self, spec: WorkerSpec, conns: dict[int, Connection]):
+        self.spec, self.conns = spec, conns
+
+    def _lost(self, replica: int) -> _PeerLost:
+        return _PeerLost(replica * self.spec.view.n_shards + self.spec.shard)
+
+    def send(self, replica: int, blob: bytes) -> None:
+        try:
+            self.conns[replica].send_bytes(blob)
+        except OSError:
+            raise self._lost(replica) from None
+
+    def recv(self, replica: int) -> bytes:
+        try:
+            return self.conns[replica].recv_bytes()
+        except (EOFError, OSError):
+            raise self._lost(replica) from None
+
+
+def _reduce(spec: WorkerSpec, d: int, part: ShardPart, share, cell: _Column, meter: PeakMeter,
+            control: Connection) -> bytes:
+    """This worker's part of its column's tree reduce (:func:`executors.mstep.column_reduce`)
+    and its report to the parent: a partial sum's sender reports before it sends (so a
+    worker the parent still waits for is computing or waiting for its column, never for
+    its receiver); the head runs its shard's M-step and reports its column. Returns, on a
+    head with other replicas, its new subtrees pickled for them (else empty)."""
+    t0 = perf_counter()
+    moved = 0
+
+    def receive(r: int):
+        nonlocal moved
+        (loglik,) = _LOGLIK.unpack(cell.recv(r))
+        blob = cell.recv(r)
+        moved += len(blob)
+        return pickle.loads(blob), loglik
+
+    def send(r: int, partial) -> None:
+        stats, loglik = partial
+        blob = pickle.dumps(stats, protocol=PROTOCOL)
+        share.peak_bytes = meter.peak_bytes()
+        control.send(("share", share.report(spec.name, len(blob), meter.baseline_bytes)))
+        cell.send(r, _LOGLIK.pack(loglik))
+        cell.send(r, blob)
+
+    out = column_reduce(spec.replica, d, share.stats, share.loglik, receive, send)
+    share.stats = None  # the partial sum holds them (or what replaced them) now
+    if out is None:
+        return b""
+    box, loglik = [out[0]], out[1]
+    del out
+    report = part.estimate(box.pop(), loglik)  # the column's totals, passed as their only reference
+    report.reduce_s = perf_counter() - t0 - report.mstep_s
+    report.reduce_bytes = moved
+    pending = part.pending_payload() if d > 1 else b""
+    share.peak_bytes = meter.peak_bytes()
+    control.send(("head", (share.report(spec.name, 0, meter.baseline_bytes), len(pending))))
+    control.send_bytes(report_payload(report))
+    return pending
 
 
 def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dict:
@@ -134,7 +243,7 @@ def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dic
                 got = conn.recv_bytes()
                 conn.send_bytes(message)
         except (EOFError, OSError):
-            raise _PeerLost(peer) from None
+            raise _PeerLost(spec.index - spec.shard + peer) from None
         messages[peer] = np.frombuffer(got)
     del message
     return coupling.merge([messages[s] for s in range(len(spec.replica_roots))], spec.replica_roots)
@@ -177,38 +286,48 @@ class ProcessGrid:
         self.blas_threads = blas_threads
         self.layout = grid_layout(job.model, job.plan)
         self.cells = [spec for row in self.layout for spec in row]  # in grid order, as the workers
+        self.view = self.layout[0][0].view
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.iteration = 0
+        self.pending_bytes = [0] * self.shape[1]  # each head's pickled new subtrees, as its last report said
         self.procs: list = []
         self.conns: list[Connection] = []
 
     def start(self) -> None:
         """Starts every worker and waits until each has mapped its rows."""
         job, directory, context = self.job, self.directory, self.context
-        m = self.shape[1]
+        d, m = self.shape
         peer_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.cells}
-        for r in range(self.shape[0]):
+        column_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.cells}
+        for r in range(d):
             for i in range(m):
                 for j in range(i + 1, m):
                     a, b = context.Pipe(duplex=True)
                     peer_ends[(r, i)][j] = a
                     peer_ends[(r, j)][i] = b
+        for s in range(m):
+            for receiver, sender in (pair for pairs in tree_rounds(d) for pair in pairs):
+                a, b = context.Pipe(duplex=True)
+                column_ends[(receiver, s)][sender] = a
+                column_ends[(sender, s)][receiver] = b
         child_ends = []
         with environment(thread_env(self.blas_threads)), _main_hidden(job.model):
             for spec in self.cells:
                 parent, child = context.Pipe(duplex=True)
+                cell = (spec.replica, spec.shard)
                 p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
-                                    args=(spec, directory, spec.view.model_for(spec.shard, job.model), child,
-                                          peer_ends[(spec.replica, spec.shard)], self.blas_threads))
+                                    args=(spec, d, directory, spec.view.model_for(spec.shard, job.model), child,
+                                          peer_ends[cell], column_ends[cell], job.regularization,
+                                          self.blas_threads))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)
                 child_ends.append(child)
         for c in child_ends:
             c.close()
-        for ends in peer_ends.values():
+        for ends in (*peer_ends.values(), *column_ends.values()):
             for c in ends.values():
                 c.close()
         self._collect("while starting", self.startup_timeout_s)
@@ -233,21 +352,41 @@ class ProcessGrid:
             how = f"exited with code {code}"
         return FitError(f"{self._who(i)} {how} {when}")
 
-    def _peer(self, i: int, shard: int) -> int:
-        """Index of the worker running ``shard`` in worker ``i``'s replica."""
-        me = self.cells[i]
-        return next(k for k, s in enumerate(self.cells) if s.replica == me.replica and s.shard == shard)
+    def _waiting(self, pending: set[int]) -> set[int]:
+        """Of the ``pending`` workers, those that may only be waiting for their column: a
+        worker reports after the partial sums of its subtree of the column's reduce
+        (:func:`executors.mstep.tree_rounds`), so one with a pending worker below it waits."""
+        d, m = self.shape
+        below = {r: set(tree_role(r, d)[0]) for r in range(d)}
+        changed = True
+        while changed:  # each replica's whole subtree
+            changed = False
+            for r in range(d):
+                deeper = set().union(*(below[c] for c in below[r])) - below[r]
+                if deeper:
+                    below[r] |= deeper
+                    changed = True
+        return {i for i in pending if any(r * m + i % m in pending for r in below[i // m])}
 
-    def _collect(self, when: str, timeout_s: float | None) -> list:
-        """One message from every worker; raises FitError on an error report, a death or a timeout.
+    def _send(self, i: int, message, payload: bytes | None = None, when: str = "") -> None:
+        try:
+            self.conns[i].send(message)
+            if payload is not None:
+                self.conns[i].send_bytes(payload)
+        except OSError:
+            raise self._died(i, when) from None
+
+    def _collect(self, when: str, timeout_s: float | None, only: list[int] | None = None) -> list:
+        """One message from every worker (or those in ``only``); raises FitError on an error
+        report, a death or a timeout.
 
         A worker's error report or death is the cause and is raised at once. A worker that
         reports it lost a peer only points at the cause: the parent keeps listening a few
         seconds for the peer's own report or death, and names the peer either way.
         """
         out: list = [None] * len(self.conns)
-        pending = {c: i for i, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        pending = {self.conns[i]: i for i in (range(len(self.conns)) if only is None else only)}
+        sentinels = {self.procs[i].sentinel: i for i in pending.values()}
         deadline = None if timeout_s is None else perf_counter() + timeout_s
         lost: list[tuple[int, int]] = []  # (worker that reported, peer it lost)
         lost_at = 0.0  # when the first "lost" report arrived
@@ -263,7 +402,9 @@ class ProcessGrid:
                     err = self._died(j, when)
                     err.add_note(f"{self._who(i)} lost its pipe to it")
                     raise err
-                names = ", ".join(self._who(i) for i in sorted(pending.values()))
+                late = set(pending.values())
+                late -= self._waiting(late)
+                names = ", ".join(self._who(i) for i in sorted(late))
                 raise FitError(f"no answer within {timeout_s:g} s {when} from {names}")
             for obj in ready:
                 if obj in pending:
@@ -278,9 +419,9 @@ class ProcessGrid:
                         if kind == "lost":
                             if not lost:
                                 lost_at = perf_counter()
-                            lost.append((i, self._peer(i, body)))
+                            lost.append((i, body))
                         else:
-                            out[i] = (body, obj.recv_bytes()) if kind == "share" else body
+                            out[i] = (body, obj.recv_bytes()) if kind in ("head", "bytes") else body
                     except (EOFError, OSError):
                         raise self._died(i, when) from None
                     del pending[obj]
@@ -294,27 +435,47 @@ class ProcessGrid:
         return out
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        self.iteration += 1
-        for i, (c, spec) in enumerate(zip(self.conns, self.cells)):
-            try:
-                c.send_bytes(payloads[spec.shard])
-            except OSError:
-                raise self._died(i, f"before iteration {self.iteration}") from None
+        for i, spec in enumerate(self.cells):
+            self._send(i, ("part", None), payloads[spec.shard], f"before iteration {self.iteration + 1}")
 
     def e_step(self, iteration: int) -> GridOutcome:
         t0 = perf_counter()
-        got = self._collect(f"in iteration {iteration}", self.timeout_s)
-        shares, reduce_bytes = [], 0
+        self.iteration = iteration
+        when = f"in iteration {iteration}"
+        for i in range(len(self.cells)):
+            self._send(i, ("step", iteration), when=when)
+        got = self._collect(when, self.timeout_s)
+        m = self.shape[1]
+        shares, columns, reduce_bytes = [], [], 0
         peaks, baselines = {}, {}
-        for report, payload in got:  # a ShareReport and the pickled statistics it describes
-            shares.append(report.share(pickle.loads(payload)))
-            reduce_bytes += len(payload)
+        for i, body in enumerate(got):
+            if i < m:  # a head: its ShareReport and pending subtrees' size, and its pickled ColumnReport
+                (report, self.pending_bytes[i]), payload = body
+                column = pickle.loads(payload)
+                columns.append(column)
+                reduce_bytes += len(payload)
+            else:  # a sender of a partial sum: its ShareReport counts what it sent
+                report = body
+                reduce_bytes += report.stats_bytes
+            shares.append(report)
             peaks[report.worker], baselines[report.worker] = report.peak_bytes, report.baseline_bytes
-        d, m = self.shape
-        stats, total = reduce_shares([shares[r * m:(r + 1) * m] for r in range(d)])
-        return GridOutcome(stats=stats, loglik=total, **critical_path(shares, perf_counter() - t0),
-                           coupling_bytes=sum(s.coupling_bytes for s in shares), reduce_bytes=reduce_bytes,
-                           peak_bytes=peaks, baseline_bytes=baselines)
+        phases = critical_path(shares, perf_counter() - t0 - max(c.mstep_s for c in columns))
+        return GridOutcome(columns=columns, **phases, coupling_bytes=sum(s.coupling_bytes for s in shares),
+                           reduce_bytes=reduce_bytes, peak_bytes=peaks, baseline_bytes=baselines)
+
+    def update(self, skeleton: Node, payload: bytes) -> int:
+        when = f"after iteration {self.iteration}"
+        for i in range(len(self.cells)):
+            self._send(i, ("update", None), payload, when)
+        return update_bytes(self.view, self.shape[0], len(payload), self.pending_bytes)
+
+    def fetch(self, shard: int) -> dict[str, Node]:
+        if not self.procs or self.conns[shard].closed:
+            raise FitError("the fit's workers have stopped: its shards can no longer be fetched")
+        when = f"while sending shard {shard}'s subtrees after iteration {self.iteration}"
+        self._send(shard, ("fetch", None), when=when)
+        _, payload = self._collect(when, self.timeout_s, only=[shard])[shard]
+        return pickle.loads(payload)
 
     def close(self, failed: bool = False) -> None:
         """Stops every worker: asks them to stop (up to 5 s in all), then terminates and kills.
@@ -325,7 +486,7 @@ class ProcessGrid:
         if not failed:
             for c in self.conns:
                 try:
-                    c.send_bytes(_STOP)
+                    c.send(("stop", None))
                 except OSError:
                     pass
             deadline = perf_counter() + 5.0
