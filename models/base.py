@@ -319,6 +319,30 @@ class Node(Templated, Answering):
     def copy(self) -> "Node":
         return from_spec(self.to_spec())
 
+    def __reduce__(self):
+        # the fields only: the kernels' caches (a categorical's log-probabilities, a
+        # covariance's Cholesky factor) are rebuilt by the constructor on arrival, so a model
+        # crosses the wire at the size of its parameters (and rebuilt, equals itself bitwise)
+        return (_rebuild, (type(self), self._fields()))
+
+    def __copy__(self):
+        # a shallow copy shares everything, caches included (``models.shard.with_children``)
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def _fields(self) -> dict:
+        """The constructor's arguments that give this node again (``with_fields``' base)."""
+        current: dict = {}
+        for f in self.schema:
+            if isinstance(f, Children):
+                current[f.name] = list(self.children) if f.many else self.children[0]
+            elif isinstance(f, Size):
+                current[f.name] = self._sizes.get(f.name)
+            else:
+                current[f.name] = getattr(self, f.name)
+        return current
+
     def __repr__(self) -> str:
         return f"{self.family}(...)" if self.children else f"{self.family}({self._param_repr()})"
 
@@ -344,6 +368,10 @@ class Node(Templated, Answering):
         """A new node from its own statistics (``()`` without ``has_own_stats``) and its
         children already fitted."""
         raise NotImplementedError
+
+
+def _rebuild(cls, fields: dict) -> Node:
+    return cls(**fields)
 
 
 #: The deepest nesting of nodes a spec may have (a model's recursion runs that deep in every

@@ -50,13 +50,6 @@ class Templated:
 
     def with_fields(self, **values):
         """A new node of this family: these fields replaced, the others kept (children too)."""
-        current: dict = {}
-        for f in self.schema:
-            if isinstance(f, Children):
-                current[f.name] = list(self.children) if f.many else self.children[0]
-            elif isinstance(f, Size):
-                current[f.name] = self._sizes.get(f.name)
-            else:
-                current[f.name] = getattr(self, f.name)
+        current = self._fields()
         current.update(values)
         return type(self)(**current)

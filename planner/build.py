@@ -12,7 +12,7 @@ import numpy as np
 from emgrid.models.base import Node
 
 from .check import check_grid, check_inputs, check_leaf_shards, check_placement, check_rows
-from .costing import Evaluation, evaluate
+from .costing import Evaluation, evaluate, iteration_bytes
 from .explain import default_rationale
 from .facts import ModelFacts, model_facts, resources_fingerprint
 from .placement import default_layout
@@ -62,7 +62,9 @@ def assemble(facts: ModelFacts, resources: Resources, n_data: int, ev: Evaluatio
     )
     busiest = max(ev.loads, key=lambda w: (w.compute_s, w.flops))
     total = ev.breakdown.total_s
+    reduce_b, broadcast_b = iteration_bytes(sums, d)
     info = {"block_rows": facts.block_rows,
+            "reduce_bytes": reduce_b, "broadcast_bytes": broadcast_b,
             "coupling_bytes_per_row": sums.coupling_bytes_per_row if m > 1 else 0.0,
             "split_nodes": [facts.paths[v] for v in np.flatnonzero(sums.split)] if m > 1 else [],
             "straggler": busiest.name}

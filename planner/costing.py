@@ -151,6 +151,7 @@ class ShardSums:
     calls: np.ndarray  # K_s, node visits per block
     coupling_bytes_per_row: float  # C
     split_param: float  # P_split
+    split_stat: float  # S_split
     leaves: tuple[tuple[int, ...], ...]  # leaf indices of every shard, pre-order
 
 
@@ -194,7 +195,22 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
                      stat=per_shard(facts.stat), data=data, work=per_shard(facts.work, facts.work_split),
                      scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple,
-                     split_param=float(facts.param[split].sum()), leaves=leaves)
+                     split_param=float(facts.param[split].sum()), split_stat=float(facts.stat[split].sum()),
+                     leaves=leaves)
+
+
+def iteration_bytes(sums: ShardSums, d: int) -> tuple[float, float]:
+    """The numbers the reduce and the broadcast move per iteration over the whole grid, as
+    the executors count them (``FitResult.bytes_moved``, which adds pickle's framing): each
+    shard's column tree-reduces ``D - 1`` partial sums of its statistics (the spanning
+    nodes' only in the lead shard's) and its head reports the spanning nodes' statistics;
+    the update sends each head's new subtrees to the ``D - 1`` others of its column and the
+    spanning nodes' parameters to every worker (``executors.mstep``)."""
+    m = len(sums.stat)
+    own_param = float(sums.param.sum()) - m * sums.split_param
+    reduce_b = (d - 1) * (float(sums.stat.sum()) - (m - 1) * sums.split_stat) + sums.split_stat
+    broadcast_b = (d - 1) * own_param + d * m * sums.split_param
+    return reduce_b, broadcast_b
 
 
 def block_counts(rows, block_rows: int) -> np.ndarray:
