@@ -114,6 +114,9 @@ class Elsewhere(Node):
     def data_type(self) -> str | None:
         return self._data_type
 
+    def __reduce__(self):
+        return (Elsewhere, (self.path, self._data_type))
+
     def estimate(self, stats, path: str = "") -> "Elsewhere":
         return self  # its own shard estimates the subtree (executors.mstep)
 
@@ -125,6 +128,11 @@ class Elsewhere(Node):
 
     def describe(self) -> str:
         return f"(subtree {self.path!r} on another shard)"
+
+    def to_spec(self) -> dict:
+        """A stub in a skeleton's spec (``models.sharded``): the path of the subtree it
+        stands for and that subtree's data type."""
+        return {"family": "Elsewhere", "path": self.path, "data_type": self._data_type}
 
     def cost(self):
         raise AssertionError(f"{self.describe()} has no cost here")
