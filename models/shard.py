@@ -144,6 +144,23 @@ class Elsewhere(Node):
         raise AssertionError(f"{self.describe()} was folded on the wrong shard")
 
 
+# Module-level recursions, not closures: a nested function that calls itself is a reference
+# cycle, which would keep the subtrees it was given alive until the cyclic collector runs.
+def _skeleton(node: Node, path: str, spanning: frozenset[str]) -> Node:
+    if path not in spanning:
+        return node if isinstance(node, Elsewhere) else Elsewhere(path, node.data_type())
+    return with_children(node, tuple(_skeleton(c, child_path(path, i), spanning) for i, c in enumerate(node.children)))
+
+
+def _assemble(node: Node, path: str, spanning: frozenset[str], owned: Mapping[str, Node]) -> Node:
+    if path in owned:
+        return owned[path]
+    if path not in spanning:
+        return node
+    return with_children(node, tuple(_assemble(c, child_path(path, i), spanning, owned)
+                                     for i, c in enumerate(node.children)))
+
+
 # ---------------------------------------------------------------- the columns a shard reads
 def restrict_columns(model: Node, data: Data, keep: frozenset[str], spanning: frozenset[str] = frozenset(),
                      keys: Mapping[str, str] | None = None) -> Data:
@@ -275,14 +292,7 @@ class ShardView:
         """The spanning nodes of ``model`` (a model of this view's tree, or any shard's part
         of one) with every shard root an :class:`Elsewhere`: what the coordinator holds and
         estimates; a bare :class:`Elsewhere` when nothing spans."""
-        spanning = frozenset(self.spanning)
-
-        def prune(node: Node, path: str) -> Node:
-            if path not in spanning:
-                return node if isinstance(node, Elsewhere) else Elsewhere(path, node.data_type())
-            return with_children(node, tuple(prune(c, child_path(path, i)) for i, c in enumerate(node.children)))
-
-        return prune(model, "")
+        return _skeleton(model, "", frozenset(self.spanning))
 
     def owned(self, shard: int, model: Node) -> dict[str, Node]:
         """The subtrees of ``shard``'s roots in ``model`` (the whole model, or the shard's part
@@ -293,16 +303,7 @@ class ShardView:
         """``skeleton`` (:meth:`skeleton`) with the subtrees of ``owned`` (shard-root path ->
         subtree) in their stubs' places: a shard's part given its own roots, the whole model
         given every shard's."""
-        spanning = frozenset(self.spanning)
-
-        def fill(node: Node, path: str) -> Node:
-            if path in owned:
-                return owned[path]
-            if path not in spanning:
-                return node
-            return with_children(node, tuple(fill(c, child_path(path, i)) for i, c in enumerate(node.children)))
-
-        return fill(skeleton, "")
+        return _assemble(skeleton, "", frozenset(self.spanning), owned)
 
     def columns_for(self, shard: int, model: Node, data: Data) -> Data | None:
         """The columns of ``data`` (rows of ``model``'s data) that ``shard`` reads, the others
