@@ -1,7 +1,8 @@
 """Checkpoints: the model and the trace so far, what run they belong to, written atomically.
 
 A checkpoint (``checkpoint.json``, a :class:`Checkpoint`) holds the iteration reached, the
-model after it, the log-likelihood of every iteration so far and a :class:`Fingerprint` of
+model after it (whole, or for a model the plan splits over shards the root of
+``models.sharded`` naming one file per shard beside it, written shard by shard), the log-likelihood of every iteration so far and a :class:`Fingerprint` of
 the run: the model's structure (every node's family, sizes and data type, in pre-order), the
 data (rows, and per file its size and a BLAKE2b digest of its bytes: streamed whole up to
 :data:`FULL_HASH_BYTES`, beyond that the first, last and :data:`SAMPLED_BLOCKS` evenly spaced
@@ -28,10 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from emgrid.models import Node, from_spec
 from emgrid.models.errors import ConfigError, EmgridError
+from emgrid.models.sharded import is_sharded, model_from_root, remove_stale_shard_files, write_shards
 
-from .outdir import describe_os_error, write_atomic
+from .outdir import describe_os_error
 
 CHECKPOINT = "checkpoint.json"
+#: the shard files of a sharded checkpoint: ``checkpoint.<tag>.shard-<s>.json``
+SHARD_STEM = "checkpoint"
 FORMAT = 2
 FULL_HASH_BYTES = 256 * 2**20
 BLOCK_BYTES = 2**20
@@ -174,16 +178,45 @@ def fingerprint(cfg, model: Node, n_rows: int, plan=None) -> Fingerprint:
                        plan=plan_text)
 
 
-def write_checkpoint(folder: Path, iteration: int, model: Node, trace: list[float],
+def write_checkpoint(folder: Path, iteration: int, model, trace: list[float],
                      fingerprint: Fingerprint | None = None) -> Path:
-    """Writes the checkpoint atomically (``outdir.write_atomic``); the folder must exist."""
+    """Writes the checkpoint atomically (``outdir.write_atomic``); the folder must exist.
+
+    ``model`` is a whole model, or the model as it sits on the grid (an
+    ``executors.mstep.Shards``): then each shard's subtrees go to a file of their own
+    (``checkpoint.<tag>.shard-<s>.json``, one shard fetched at a time, ``models.sharded``)
+    before ``checkpoint.json``, whose ``model`` is the root naming them; the shard files of
+    earlier checkpoints are removed after it is in place. A model no node splits is written
+    whole into ``checkpoint.json``, as ever."""
+    from . import outdir
+
     folder = Path(folder)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "iteration": int(iteration), "model": model.to_spec(),
+    if isinstance(model, Node):
+        spec, files = model.to_spec(), []
+    else:
+        written = write_shards(model, folder, SHARD_STEM, write=outdir.write_atomic)
+        spec, files = written.spec, written.files
+    payload = {"format": FORMAT, "iteration": int(iteration), "model": spec,
                "log_likelihood": [float(x) for x in trace],
                "fingerprint": None if fingerprint is None else fingerprint.model_dump()}
-    return write_atomic(folder / CHECKPOINT, json.dumps(payload))
+    path = outdir.write_atomic(folder / CHECKPOINT, json.dumps(payload))
+    remove_stale_shard_files(folder, SHARD_STEM, files)
+    return path
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """The files of the checkpoint in ``folder``: ``checkpoint.json`` and the shard files its
+    model names (none when it holds the model whole, or when there is no readable checkpoint)."""
+    path = Path(folder) / CHECKPOINT
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    model = raw.get("model") if isinstance(raw, dict) else None
+    names = [e.get("file") for e in model.get("shards", [])] if is_sharded(model) else []
+    return [CHECKPOINT] + [n for n in names if isinstance(n, str)]
 
 
 def _field_error(e: ValidationError) -> str:
@@ -230,7 +263,8 @@ def read_checkpoint(folder: Path, expect: Fingerprint | None = None,
     except ValidationError as e:
         raise ConfigError(f"{where} is damaged: {_field_error(e)}") from None
     try:
-        model = from_spec(ck.model)
+        # a model written shard by shard: the root names its files in the folder (models.sharded)
+        model = model_from_root(ck.model, path.parent, "the sharded model") if is_sharded(ck.model) else from_spec(ck.model)
     except (EmgridError, ValueError, TypeError) as e:
         raise ConfigError(f"{where} is damaged: field 'model': {str(e).splitlines()[0]}") from None
     if model.is_template:

@@ -272,8 +272,19 @@ def _signal_exit(e: BaseException) -> int:
 
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, fingerprint=None,
             executor_options=None) -> int:
+    """Fits and writes the results. The model is written shard by shard
+    (``models.sharded``): every checkpoint from the grid's shards inside the callback of its
+    iteration, while the workers hold them, and ``model.json`` likewise inside the callback of
+    the last iteration (or, resumed at ``max_iter`` already, from the checkpoint's model).
+    After an interrupt or a failure the checkpoint of the last finished iteration is written
+    when this process kept that model: a ``local`` fit's (its grid is this process) or one
+    of at most :data:`HOLD_BYTES` of parameters (gathered from the shards after every
+    iteration); for a larger model on other workers the last periodic checkpoint is what
+    remains."""
     from emgrid.executors import get as get_executor
     from emgrid.executors import optimize
+    from emgrid.executors.mstep import Shards
+    from emgrid.models import ShardView
     from emgrid.models.errors import ConvergenceWarning, FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
@@ -291,30 +302,56 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
         print()
     remaining = cfg.fit.max_iter - done
     progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
-    state = {"model": model, "trace": list(trace), "saved": done}  # saved: iteration of the checkpoint on disk
+    # a local grid lives in this process, and a small model costs little to fetch each iteration
+    hold = lead and (cfg.executor.kind == "local" or _param_bytes(model) <= HOLD_BYTES)
+    # held: (iteration, the model after it as Shards) this process can still write after the
+    # fit stopped (when ``hold``; else None); saved: the checkpoint on disk;
+    # written: what writing model.json gave (its n_parameters for the summary)
+    state = {"held": None, "trace": list(trace), "saved": done, "written": None}
     record = record if lead else None
     if record is not None:
         record.progress(done)
 
-    def save(iteration, current_model, so_far):
+    def save(iteration, shards, so_far):
         try:
-            write_checkpoint(out, iteration, current_model, so_far, fingerprint)
+            write_checkpoint(out, iteration, shards, so_far, fingerprint)
         except OutputError as e:
             raise FitError(f"{e}; the fit stopped after iteration {iteration}") from None
         state["saved"] = iteration
 
+    def write_model(shards):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            state["written"] = write_model_file(out, shards, write_atomic)
+        except (OutputError, OSError) as e:
+            raise FitError(f"the fit finished but its results cannot be written: {e}") from None
+
     def callback(iteration, loglik, so_far):
-        current_model = so_far.model
+        shards = so_far.shards  # the model after this iteration, on the grid (so_far.model may be None)
+        if hold:  # with its iteration: a signal between the two lines below keeps them apart
+            state["held"] = (done + iteration, Shards.held(shards.view, shards.gather()))
         state["trace"].append(loglik)
-        state["model"] = current_model
         progress.update(done + iteration, loglik, so_far.timings[-1]["total"])
         if record is not None:
             record.progress(done + iteration)
         k = cfg.fit.checkpoint_every
-        if k and lead and (done + iteration) % k == 0:
-            save(done + iteration, current_model, state["trace"])
+        last = so_far.converged or iteration == remaining
+        source = shards if state["held"] is None else state["held"][1]  # held: fetched once already
+        if k and lead and ((done + iteration) % k == 0 or last):
+            save(done + iteration, source, state["trace"])
+        if last and lead:  # the workers hold the fitted model only while the fit runs
+            write_model(source)
         if record is not None and record.stop_requested():
             raise Interrupted(record.stop_requested())  # the launcher was interrupted: stop here
+
+    def keep_last() -> None:
+        """The checkpoint of the last finished iteration, when this process has its model."""
+        if state["held"] is None:
+            return
+        reached, held = state["held"]
+        if reached > state["saved"]:
+            write_checkpoint(out, reached, held, state["trace"][:reached], fingerprint)
+            state["saved"] = reached
 
     t0 = time.perf_counter()
     try:
@@ -333,36 +370,35 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
         else:
             result, fit_warnings = None, []
     except KeyboardInterrupt as e:
-        # Ctrl-C (130) or SIGTERM (143): keep every finished iteration; a second signal while
-        # the checkpoint is written does not cut it short
+        # Ctrl-C (130) or SIGTERM (143): keep every finished iteration this process still has;
+        # a second signal while the checkpoint is written does not cut it short
         code = _signal_exit(e)
         with _signals_ignored():
             progress.close()
             if not lead:
                 return code
+            try:
+                keep_last()
+            except OutputError as err:
+                print(f"emgrid: interrupted; {err}", file=sys.stderr)
+                return code
             reached = done + len(state["trace"]) - len(trace)
-            if reached > state["saved"]:
-                try:
-                    write_checkpoint(out, reached, state["model"], state["trace"], fingerprint)
-                    state["saved"] = reached
-                except OutputError as err:
-                    print(f"emgrid: interrupted; {err}", file=sys.stderr)
-                    return code
             if state["saved"] > 0:
                 print(f"emgrid: interrupted: the checkpoint of iteration {state['saved']} is in {out}; "
                       "continue with --resume", file=sys.stderr)
+            elif reached > 0:
+                print(f"emgrid: interrupted after iteration {reached}; no checkpoint was written ([fit] "
+                      "checkpoint_every keeps one); nothing to resume", file=sys.stderr)
             else:
                 print("emgrid: interrupted before the first iteration finished; nothing to resume", file=sys.stderr)
         return code
     except FitError as e:
-        # A worker died or the statistics went non-finite: keep every finished iteration
-        # (the model after the last M-step that completed) so --resume continues from it.
+        # A worker died or the statistics went non-finite: keep the model after the last
+        # M-step that completed when this process has it, so --resume continues from it.
         progress.close()
-        reached = done + len(state["trace"]) - len(trace)
-        if lead and reached > state["saved"]:
+        if lead:
             try:
-                write_checkpoint(out, reached, state["model"], state["trace"], fingerprint)
-                state["saved"] = reached
+                keep_last()
             except OutputError:
                 pass
         if lead and state["saved"] > 0:
@@ -373,7 +409,6 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
         return EXIT_OK
     for line in fit_warnings:
         print(f"emgrid: warning: {line}", file=sys.stderr)
-    fitted = result.model if result is not None else model
     full_trace = list(trace) + (list(result.log_likelihood) if result is not None else [])
     converged = bool(result.converged) if result is not None else False
     report = {
@@ -390,20 +425,41 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
                           "seconds": result.init_s, "seeding_seconds": result.init_seeding_s}
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "model.json", json.dumps(fitted.to_spec(), indent=1))
+        if state["written"] is None:  # no iteration ran here: the resumed checkpoint's model, whole
+            held = Shards.held(ShardView.of(model, plan.shard_of_leaf(), len(plan.model_cuts)), model)
+            state["written"] = write_model_file(out, held, write_atomic)
+            if cfg.fit.checkpoint_every:
+                write_checkpoint(out, len(full_trace), held, full_trace, fingerprint)
         write_atomic(out / "report.json", json.dumps(report, indent=1, default=float))
-        if cfg.fit.checkpoint_every:
-            write_checkpoint(out, len(full_trace), fitted, full_trace, fingerprint)
     except (OutputError, OSError) as e:
         raise FitError(f"the fit finished but its results cannot be written: {e}") from None
     if not quiet:
         print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
-    print(fit_summary(fitted, _n_rows(data), len(full_trace), converged, full_trace[-1] if full_trace else None))
+    print(fit_summary(state["written"].n_parameters, _n_rows(data), len(full_trace), converged,
+                      full_trace[-1] if full_trace else None))
     if not converged:
         print(f"note: not converged within max_iter={cfg.fit.max_iter} (tol={cfg.fit.tol}); "
               f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
         return EXIT_NOT_CONVERGED
     return EXIT_OK
+
+
+#: a model of at most this many bytes of parameters is gathered here after every iteration of
+#: a fit on other processes, so that an interrupt or a failure keeps its last iteration
+HOLD_BYTES = 64 * 2**20
+
+
+def _param_bytes(model) -> int:
+    return sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
+
+
+def write_model_file(out: Path, shards, write):
+    """``out/model.json`` from ``shards`` (``executors.mstep.Shards``), one shard at a time:
+    a root naming ``model.<tag>.shard-<s>.json`` beside it, or one plain spec for a model no
+    node splits (``models.sharded``). Returns the ``Written`` record (its n_parameters)."""
+    from emgrid.models.sharded import save_sharded
+
+    return save_sharded(shards, out / "model.json", write=write)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     """Registers ``emgrid predict`` on the command's subparsers."""
     sp = sub.add_parser("predict", help="write per-row answers of a fitted model (labels, probabilities, Viterbi)")
     sp.add_argument("config", help="the TOML run configuration whose [data] to score")
-    sp.add_argument("--model", required=True, help="a fitted model spec, e.g. out/model.json")
+    sp.add_argument("--model", required=True, help="a fitted model spec, e.g. out/model.json (a sharded one reads its shard files beside it)")
     sp.add_argument("--at", default=None, help="path of the Mixture or HMM to answer for (default: the root)")
     sp.add_argument("--output", required=True, help="a .npz, .csv or .parquet file to write")
     sp.add_argument("--rows-per-block", type=int, default=None, help=argparse.SUPPRESS)
@@ -76,9 +76,12 @@ def cmd_predict(args) -> int:
 
 def fit_summary(model, n_rows: int, iterations: int, converged: bool, log_likelihood: float | None) -> str:
     """The line ``emgrid fit`` ends with: iterations, convergence, the final log-likelihood
-    (the trace's last entry) and the BIC at it, ``-2 log L + n_parameters log n``."""
+    (the trace's last entry) and the BIC at it, ``-2 log L + n_parameters log n``. ``model``
+    is the fitted model, or its count of free parameters (a model written shard by shard
+    counts them on the way, ``models.sharded.Written``)."""
     if log_likelihood is None:
         return f"fit: {iterations} iterations, converged={converged}"
-    bic = -2.0 * log_likelihood + model.n_parameters() * math.log(max(n_rows, 1))
+    k = int(model) if isinstance(model, int) else model.n_parameters()
+    bic = -2.0 * log_likelihood + k * math.log(max(n_rows, 1))
     return (f"fit: {iterations} iterations, converged={converged}, final log-likelihood {log_likelihood:.10g}, "
-            f"BIC {bic:.10g} ({model.n_parameters()} free parameters, {n_rows} rows)")
+            f"BIC {bic:.10g} ({k} free parameters, {n_rows} rows)")

@@ -41,7 +41,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
              executor: str | Executor = "local", max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
              callback: Callback | None = None, n_init: int = 1, seed: int = 0, init: str = "auto",
              init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
-             previous_log_likelihood: float | None = None) -> FitResult:
+             previous_log_likelihood: float | None = None, gather: bool | None = None) -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -69,6 +69,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       the final run (not the refinement of the starts).
     - ``previous_log_likelihood``: the log-likelihood of the iteration before ``model`` (a
       resumed fit's last), so the first iteration's convergence test compares against it.
+    - ``gather``: whether the fitted model is gathered into ``FitResult.model`` (None: when it
+      fits in memory, ``executors.loop.fits_here``); it is always in ``FitResult.shards``.
     - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
       ``pseudo_count`` (added to every count behind a probability) regularize each M-step
       (``models.regularize``); 0, the default, leaves the fit as the floors make it.
@@ -100,7 +102,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
             data = NpyDataset.from_table(table, model, scratch)
     try:
         result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-                           previous_log_likelihood)
+                           previous_log_likelihood, gather)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -109,7 +111,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
 
 
 def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-              previous_log_likelihood):
+              previous_log_likelihood, gather=None):
     if isinstance(data, NpyDataset):
         prepared, n = data, data.n_rows
     else:
@@ -136,7 +138,7 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
     seeding_s = perf_counter() - t0
     result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
                            regularization=reg, starts=starts, start_iter=init_iter,
-                           previous_log_likelihood=previous_log_likelihood))
+                           previous_log_likelihood=previous_log_likelihood, gather=gather))
     if starts:
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
@@ -167,5 +169,5 @@ def warn_about(result: FitResult, max_iter: int, tol: float) -> None:
         change = f"; the last change was {abs(trace[-1] - trace[-2]):.3g}" if len(trace) > 1 else ""
         warnings.warn(f"not converged after max_iter={max_iter} iterations (tol={tol:g}{change}); raise max_iter",
                       ConvergenceWarning, stacklevel=3)
-    for line in fit_warnings(result.model):
+    for line in fit_warnings(result.model) if result.model is not None else result.warnings:
         warnings.warn(line, ConvergenceWarning, stacklevel=3)

@@ -25,7 +25,7 @@ from .mstep import ColumnReport, Shards, join_columns, skeleton_payload, split_m
 
 from .protocol import FitJob
 from .result import FitResult
-from .step import WorkerSpec, shard_payloads
+from .step import ShardPayloads, WorkerSpec
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Grid(Protocol):
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
         """Makes ``model`` the model of every worker, at the start of a run: ``payloads[s]``
-        is what the workers of shard ``s`` receive (:func:`executors.step.shard_payloads`)."""
+        is what the workers of shard ``s`` receive (:class:`executors.step.ShardPayloads`, made as they are asked for)."""
 
     def e_step(self, iteration: int) -> GridOutcome:
         """Runs every worker's step on its current part, reduces each shard's statistics over
@@ -112,9 +112,9 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
     result = FitResult(model=model, plan=job.plan, executor=executor)
     result.shards = Shards.held(view, model)
     t_start = perf_counter()
-    payloads = shard_payloads(model, layout)
+    payloads = ShardPayloads(model, layout)
     grid.broadcast(model, payloads)
-    sent = len(layout) * sum(len(p) for p in payloads)
+    sent = len(layout) * sum(payloads.size(s) for s in range(len(payloads)))
     del payloads, model  # the workers hold the model now; this process keeps the skeleton
     result.model = None
     bcast_s = perf_counter() - t_start

@@ -1,22 +1,30 @@
 """The MPI executor: one rank per grid cell, every rank calling ``optimize`` under ``mpiexec``.
 
-``COMM_WORLD`` is split twice: a *replica* communicator per data replica (its ``M`` shards,
-ranked by shard) carries the coupling, an allgather of the shard roots' per-row log
-densities per block; a *shard* communicator per model shard (its ``D`` replicas, ranked by
-replica) carries the reduce, a gather of the statistics to the shard's replica 0, which
-sums them in replica order. The shards' totals are gathered on the coordinator (the rank
-of cell ``(0, 0)``), which runs the M-step and sends every rank its shard's part of the new model.
+No rank holds the whole model (:mod:`executors.mstep`): every rank keeps its own shard's
+:class:`ShardPart`. ``COMM_WORLD`` is split twice: a *replica* communicator per data replica
+(its ``M`` shards, ranked by shard) carries the coupling, an allgather of the shard roots'
+per-row log densities per block; a *column* communicator per model shard (its ``D``
+replicas, ranked by replica) joins each shard's workers to its *head*, the rank of cell
+``(0, s)``. Per iteration the coordinator (the rank of cell ``(0, 0)``, a head itself) tells
+every rank to step; each column reduces its statistics to its head by the tree of
+:func:`executors.mstep.column_reduce` (point to point: each partial sum's pickle as raw bytes
+beside a small header), the head estimates its subtrees and sends the coordinator only its
+:class:`ColumnReport` (a gather over the heads); the coordinator estimates the spanning
+nodes and sends every rank the new skeleton, and each head its pending subtrees to its
+column (a broadcast over the column). ``fetch`` asks one head for its shard's subtrees.
 
-Ranks beyond the plan's ``D x M`` workers stay idle but receive every broadcast, so every
-rank returns the same FitResult. A plan with more workers than ranks is refused before
-any work, on every rank, with the same PlanError.
+Ranks beyond the plan's ``D x M`` workers stay idle but receive every message of the
+coordinator, and the result, so every rank returns the same FitResult (its ``shards`` a view
+of the gathered model; without one, they refuse: the ranks have left the fit). A plan with
+more workers than ranks is refused before any work, on every rank, with the same PlanError.
 
 Failures. A rank whose step raises does not leave the others waiting in a collective:
 every message of the E-step carries a failure slot. The failing rank still takes part in
 the one coupling allgather its replica's other shards are waiting in (its message's status
 says it failed, :mod:`executors.coupling`), after which all of them stop the pass; then every rank joins
-the reduce as usual, carrying its failure or nothing, so the failure reaches the
-coordinator, which raises a FitError naming the rank, its worker and the iteration and
+the reduce as usual, carrying its failure or nothing (and empty statistics), so the failure
+reaches the coordinator through its column's head (as does an error in a head's M-step),
+which raises a FitError naming the rank, its worker and the iteration and
 broadcasts it: every rank raises the same FitError. Anything that breaks outside these
 collectives (an error in the reduce or M-step machinery itself) still aborts the job
 (``MPI_Abort``), and a rank that dies outright (killed, ``os._exit``) is torn down with
@@ -25,7 +33,7 @@ exits non-zero): MPI collectives cannot outlive a member.
 
 Stopping. A callback that raises KeyboardInterrupt on the coordinator (``emgrid fit`` does
 when its launcher was interrupted) stops the fit between iterations: the coordinator tells
-every rank to stop instead of sending the next model, and every rank raises
+every rank to stop instead of starting the next step, and every rank raises
 KeyboardInterrupt, with nothing aborted. A KeyboardInterrupt in the middle of an iteration
 still aborts the job (the other ranks wait in a collective).
 
@@ -40,8 +48,9 @@ by nonblocking point-to-point calls polled against a deadline, on a duplicate of
 communicator (:class:`_Timed`), and ends each iteration in a polled barrier. A rank whose
 deadline passes asks every other rank, on a second duplicate, what it is doing: a rank that
 waits in a poll loop answers at once, and one that does not answer within a second is the
-one that did not arrive. The coordinator's deadline is ``timeout_s`` from its broadcast, the
-other ranks' ``2 * timeout_s + 2 s`` from their receipt of the model, so a hung worker is named by the
+one that did not arrive. Each phase the coordinator starts (the E-step with its reduce, the
+update) has its deadline: the coordinator's ``timeout_s`` from its message, the other ranks'
+``2 * timeout_s + 2 s`` from their receipt of it, so a hung worker is named by the
 coordinator, and the coordinator (itself a worker) by the others only when it hangs. The
 rank that names it raises ``FitError("no answer within T s in iteration I from rank R
 (worker ..., pid ...)")``, sends the same error to every rank that answered, which raise it
@@ -52,8 +61,8 @@ as before, at no extra cost. With it, a wait polls without sleeping for its firs
 MPI's blocking calls do, so that the fixed cost of an iteration stays that of the blocking
 collectives.
 
-Every active rank sends its share up the reduce as the multiprocessing workers send theirs:
-an :class:`executors.step.ShareReport` beside its pickled statistics.
+Every active rank's :class:`executors.step.ShareReport` travels up its column's tree with
+the partial sums, and on to the coordinator with its head's report.
 
 Threads. Every rank runs the fit with its BLAS and OpenMP pools at ``blas_threads`` threads
 (one by default; :mod:`executors.threads`) and restores its own setting after: ranks on one
@@ -75,7 +84,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from emgrid.models import Node
+from emgrid.models import Node, Stats
 from emgrid.models.errors import ConfigError, FitError, PlanError
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
@@ -85,7 +94,8 @@ from .loop import GridOutcome, critical_path, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout, join_shards, reduce_shard
+from .mstep import ShardPart, Shards, column_reduce, report_payload, update_bytes
+from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 _RANK_NAME = re.compile(r"rank(\d+)")
@@ -94,7 +104,7 @@ _RANK_NAME = re.compile(r"rank(\d+)")
 #: (``emgrid fit``'s exit code for a fit that failed while running).
 ABORT_STATUS = 3
 # Message tags of the timed transport: data on one duplicate of the world communicator ...
-_BCAST, _COUPLE, _REDUCE, _TOTALS = 1, 2, 3, 4
+_BCAST, _COUPLE, _REDUCE, _TOTALS, _STATS, _UPDATE, _FETCH = 1, 2, 3, 4, 5, 6, 7
 # ... and questions on another, so that they never match a data message.
 _ASK, _ANSWER, _TELL = 1, 2, 3
 #: A pending wait polls without sleeping for its first ``_SPIN_S`` (yielding the core between
@@ -143,12 +153,14 @@ class _Comms:
         self.world = world
         self.layout = layout
         ranks = rank_map(plan, world.Get_size())
-        me = world.Get_rank()
+        self.me = me = world.Get_rank()
         cell = next((c for c, rank in ranks.items() if rank == me), None)
         self.spec: WorkerSpec | None = None if cell is None else layout[cell[0]][cell[1]]
         #: the spec of the worker every rank runs (idle ranks are absent)
         self.specs = {rank: layout[r][s] for (r, s), rank in ranks.items()}
         self.coordinator = ranks[(0, 0)]
+        #: the rank of every shard's column head, cell ``(0, s)``, by shard
+        self.heads = tuple(ranks[(0, s)] for s in range(plan.model_parallel))
         undefined = MPI.UNDEFINED
         self.replica = world.Split(undefined if cell is None else cell[0], 0 if cell is None else cell[1])
         self.shard = world.Split(undefined if cell is None else cell[1], 0 if cell is None else cell[0])
@@ -157,12 +169,14 @@ class _Comms:
             replica = tuple(ranks[(cell[0], s)] for s in range(m))
             shard = tuple(ranks[(r, cell[1])] for r in range(d))
             self.coupling = _Group(self.replica, replica, _COUPLE, "in the coupling exchange")
-            self.reduce = _Group(self.shard, shard, _REDUCE, "in the reduce")
-            self.totals = _Group(self.replica, replica, _TOTALS, "in the reduce")
+            #: this rank's column, its head first (the reduce to it, its new subtrees from it)
+            self.column = _Group(self.shard, shard, _UPDATE, "for its column's new subtrees")
+            #: on replica 0: the column heads, the coordinator first (their reports to it)
+            self.reports = _Group(self.replica, replica, _TOTALS, "in the reduce")
 
     @property
     def is_coordinator(self) -> bool:
-        return self.world.Get_rank() == self.coordinator
+        return self.me == self.coordinator
 
     def free(self) -> None:
         from mpi4py import MPI
@@ -237,15 +251,15 @@ class _Blocking:
     def bcast(self, obj, root: int):
         return self.world.bcast(obj, root=root)
 
-    def scatter(self, objs: list | None, root: int):
-        """``objs[r]`` to rank ``r``, one message at a time: the root holds one pickle, not
-        one per rank (mpi4py's ``scatter`` pickles them all before sending)."""
+    def scatter(self, objs, root: int):
+        """``objs(r)`` to rank ``r``, made and sent one at a time: the root holds one message,
+        not one per rank (mpi4py's ``scatter`` pickles them all before sending)."""
         if self.world.Get_rank() != root:
             return self.world.recv(source=root, tag=_BCAST)
         for r in range(self.world.Get_size()):
             if r != root:
-                self.world.send(objs[r], dest=r, tag=_BCAST)
-        return objs[root]
+                self.world.send(objs(r), dest=r, tag=_BCAST)
+        return objs(root)
 
     def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
         """Every member's float64 message (``fill`` writes this rank's ``size`` values), in
@@ -265,7 +279,40 @@ class _Blocking:
     def gather(self, group: _Group, obj) -> list | None:
         return group.comm.gather(obj, root=0)
 
+    def command(self, obj, dest: int) -> None:
+        """``obj`` to rank ``dest`` alone, as :meth:`scatter` sends each rank its part."""
+        self.world.send(obj, dest=dest, tag=_BCAST)
+
+    def send_bytes(self, blob, dest: int, tag: int) -> None:
+        """Bytes to world rank ``dest`` as they are (no pickle around them)."""
+        from mpi4py import MPI
+
+        self.world.Send([blob, MPI.BYTE], dest=dest, tag=tag)
+
+    def recv_bytes(self, source: int, tag: int, what: str) -> bytearray:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        msg = self.world.Mprobe(source, tag, status)
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        msg.Recv([buf, MPI.BYTE])
+        return buf
+
+    def bcast_bytes(self, group: _Group, blob):
+        """The bytes of the group's first member to every member."""
+        from mpi4py import MPI
+
+        comm = group.comm
+        n = comm.bcast(None if blob is None else len(blob), root=0)
+        if comm.Get_rank() != 0:
+            blob = bytearray(n)
+        comm.Bcast([blob, MPI.BYTE], root=0)
+        return blob
+
     def arm(self, iteration: int) -> None:
+        pass
+
+    def disarm(self) -> None:
         pass
 
     def startup(self) -> None:
@@ -329,9 +376,13 @@ class _Timed:
         self._wait(self.data.Ibarrier(), "at the start for every rank to load its rows")
         self.deadline = None
 
+    def disarm(self) -> None:
+        """No deadline until the coordinator's next message: its M-step and callback take
+        what they take."""
+        self.deadline = None
+
     def finish(self) -> None:
-        """The end of an iteration: every rank's share is in (after this, no deadline until
-        the next model: the coordinator's M-step and callback take what they take)."""
+        """The end of an E-step: every rank's share is in (then :meth:`disarm`)."""
         self._wait(self.data.Ibarrier(), "at the end of the iteration for every rank's share")
         self.deadline = None
 
@@ -345,16 +396,32 @@ class _Timed:
             return obj
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
 
-    def scatter(self, objs: list | None, root: int):
-        """``objs[r]`` to rank ``r``, one message at a time (the root holds one pickle)."""
+    def scatter(self, objs, root: int):
+        """``objs(r)`` to rank ``r``, made and sent one at a time (the root holds one message)."""
         if self.me == root:
             for r in range(self.size):
                 if r != root:
-                    blob = pickle.dumps(objs[r], protocol=PROTOCOL)
-                    self._wait_all([self.data.Isend([blob, self.MPI.BYTE], r, _BCAST)], "sending to every rank")
-                    del blob
-            return objs[root]
+                    self.command(objs(r), r)
+            return objs(root)
         return self._receive([root], _BCAST, "for the coordinator's next message")[root]
+
+    def command(self, obj, dest: int) -> None:
+        blob = pickle.dumps(obj, protocol=PROTOCOL)
+        self._wait_all([self.data.Isend([blob, self.MPI.BYTE], dest, _BCAST)], "sending to every rank")
+
+    def send_bytes(self, blob, dest: int, tag: int) -> None:
+        self.sends.append(self.data.Isend([blob, self.MPI.BYTE], dest, tag))
+
+    def recv_bytes(self, source: int, tag: int, what: str) -> bytearray:
+        return self._receive([source], tag, what, self._take_bytes)[source]
+
+    def bcast_bytes(self, group: _Group, blob):
+        root = group.members[0]
+        if self.me != root:
+            return self.recv_bytes(root, group.tag, group.what)
+        for r in group.members[1:]:
+            self.send_bytes(blob, r, group.tag)
+        return blob
 
     def allgather_arrays(self, group: _Group, size: int, fill) -> list[np.ndarray]:
         mine = np.empty(size)
@@ -387,6 +454,11 @@ class _Timed:
         buf = bytearray(self.status.Get_count(self.MPI.BYTE))
         msg.Recv([buf, self.MPI.BYTE])
         return pickle.loads(buf)
+
+    def _take_bytes(self, msg) -> bytearray:
+        buf = bytearray(self.status.Get_count(self.MPI.BYTE))
+        msg.Recv([buf, self.MPI.BYTE])
+        return buf
 
     def _take_array(self, msg) -> np.ndarray:
         buf = np.empty(self.status.Get_count(self.MPI.DOUBLE))
@@ -493,12 +565,16 @@ class _Timed:
 
 
 class MpiGrid:
-    """One rank's side of the grid; the coordinator drives it through :func:`run_em`."""
+    """One rank's side of the grid: its :class:`ShardPart` and, on a column's head, its
+    column's reduce and M-step. The coordinator drives it through :func:`run_em`, the other
+    ranks through :meth:`serve`."""
 
     def __init__(self, job: FitJob, comms: _Comms, net: _Blocking | _Timed):
         self.comms = comms
         self.net = net
         self.layout = comms.layout
+        self.view = self.layout[0][0].view
+        self.regularization = job.regularization
         warm_up(job.model)
         self.meter = PeakMeter()  # before this rank takes its rows: see executors.memory
         spec = comms.spec
@@ -506,49 +582,127 @@ class MpiGrid:
         if spec is not None:
             self.step = WorkerStep(job.model, spec, job.open_rows(spec.start, spec.stop), self.meter)
             probe(spec.name)
-        self.model: Node = job.model
-        self.received_s = 0.0  # unpickling the last broadcast model
-        self.broadcasts = 0
+        self.part: ShardPart | None = None
+        self.pending: bytes | None = None  # a head's new subtrees pickled for its column (D > 1)
+        self.pending_bytes: list[int] = []  # on the coordinator: every head's, by shard
+        self.iteration = 0
+        self.received_s = 0.0  # unpickling and splicing the last model or update
         net.startup()
 
     # ---------------------------------------------------------------- coordinator
-    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        """Each rank its shard's part of the model (a scatter; idle ranks get none)."""
-        self.broadcasts += 1
-        self.net.arm(self.broadcasts)  # run_em broadcasts once per iteration, before its E-step
-        specs = self.comms.specs
-        self.net.scatter([("model", payloads[specs[r].shard] if r in specs else None)
-                          for r in range(self.comms.world.Get_size())], self.comms.coordinator)
-        self.model = model
-
     def tell(self, message) -> None:
         """The same message to every rank (what the ranks that serve wait for)."""
-        self.net.scatter([message] * self.comms.world.Get_size(), self.comms.coordinator)
+        self.net.scatter(lambda r: message, self.comms.coordinator)
+
+    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
+        """Each rank its shard's part of the model (a scatter; idle ranks get none)."""
+        c = self.comms
+        self.net.arm(self.iteration + 1)
+        self.net.scatter(lambda r: ("model", payloads[c.specs[r].shard] if r in c.specs else None), c.coordinator)
+        self.net.disarm()
+        self.part = ShardPart(self.view, c.spec.shard, self.view.model_for(c.spec.shard, model), self.regularization)
 
     def e_step(self, iteration: int) -> GridOutcome:
         t0 = perf_counter()
-        columns, workers, failures = self.worker_share(iteration)
+        self.iteration = iteration
+        self.net.arm(iteration)
+        self.tell(("step", iteration))
+        heads = self.worker_share(iteration)
         self.net.finish()
+        failures = [f for _, _, fs, _ in heads for f in fs]
         if failures:
             first = min(failures, key=lambda f: f.rank)
             raise _fit_error(first.message, first.trace)
-        stats, ll = join_shards([(pickle.loads(blob), part) for blob, part in columns])
-        return GridOutcome(stats=stats, loglik=ll, **critical_path(workers, perf_counter() - t0),
+        if any(column is None for column, _, _, _ in heads):
+            raise _fit_error(f"a rank stopped in iteration {iteration} without saying why", None)
+        columns = [column for column, _, _, _ in heads]
+        workers = [w for _, shares, _, _ in heads for w in shares]
+        self.pending_bytes = [n for _, _, _, n in heads]
+        wall = perf_counter() - t0 - max(column.mstep_s for column in columns)
+        return GridOutcome(columns=columns, **critical_path(workers, wall),
                            coupling_bytes=sum(w.coupling_bytes for w in workers),
-                           reduce_bytes=sum(w.stats_bytes for w in workers),
+                           reduce_bytes=sum(c.reduce_bytes + len(report_payload(c)) for c in columns),
                            peak_bytes={w.worker: w.peak_bytes for w in workers},
                            baseline_bytes={w.worker: w.baseline_bytes for w in workers})
 
+    def update(self, skeleton: Node, payload: bytes) -> int:
+        self.net.arm(self.iteration)
+        self.tell(("update", payload))
+        self.apply(payload, skeleton)
+        self.net.disarm()
+        return update_bytes(self.view, len(self.layout), len(payload), self.pending_bytes)
+
+    def fetch(self, shard: int) -> dict[str, Node]:
+        head = self.comms.heads[shard]
+        if head == self.comms.me:
+            return self.part.owned()
+        self.net.arm(self.iteration)
+        self.net.command(("fetch", shard), head)
+        owned = pickle.loads(self.net.recv_bytes(head, _FETCH, f"for shard {shard}'s subtrees"))
+        self.net.disarm()
+        return owned
+
     # ---------------------------------------------------------------- every active rank
     def worker_share(self, iteration: int):
-        """This rank's step and its part in the reduce.
+        """This rank's step and its part in its column's tree reduce (:func:`column_reduce`),
+        then, on a column's head, the column's M-step; each head sends the coordinator
+        ``(ColumnReport or None, the column's ShareReports, failures, bytes of its pending
+        subtrees)``. The coordinator gets every head's, by shard; the others None.
 
-        The coordinator gets ``(columns, reports, failures)``: every shard's total and every
-        worker's :class:`ShareReport`, or (``None``, ``None``, failures) when some rank failed; the other
-        ranks get None.
-        """
+        What moves up the tree beside each partial sum (its own message, raw bytes): the
+        ShareReports and failures of the sender's subtree, the statistics bytes it moved, and
+        the partial log-likelihood. A failed rank sends empty statistics and its failure."""
         c, spec, net = self.comms, self.comms.spec, self.net
-        share, failure, exchanged = None, None, 0
+        members, d = c.column.members, len(c.column.members)
+        share, failure = self._run_step(iteration)
+        reports = [] if share is None else [share.report(spec.name, 0, self.meter.baseline_bytes)]
+        failures = [] if failure is None else [failure]
+        moved = 0
+        mine = [(Stats({}), 0.0) if share is None else (share.stats, share.loglik)]
+        del share  # the statistics are held by the reduce alone: not twice
+        t0 = perf_counter()
+
+        def receive(r: int):
+            nonlocal moved
+            got, failed, n, ll = pickle.loads(net.recv_bytes(members[r], _REDUCE, "in the reduce"))
+            blob = net.recv_bytes(members[r], _STATS, "in the reduce")
+            reports.extend(got)
+            failures.extend(failed)
+            moved += n + len(blob)
+            stats = pickle.loads(blob)
+            del blob
+            return stats, ll
+
+        def send(r: int, partial) -> None:
+            blob = pickle.dumps(partial[0], protocol=PROTOCOL)
+            net.send_bytes(pickle.dumps((reports, failures, moved, partial[1]), protocol=PROTOCOL), members[r], _REDUCE)
+            net.send_bytes(blob, members[r], _STATS)
+
+        partial = column_reduce(spec.replica, d, *mine.pop(), receive, send)
+        if partial is None:
+            return None
+        reduce_s = perf_counter() - t0
+        totals, ll = [partial[0]], partial[1]
+        del partial  # the column's statistics go to the M-step as their only reference: let go as it goes
+        done = None
+        if not failures and len(reports) == d:
+            try:
+                done = self.part.estimate(totals.pop(), ll)
+            except Exception as e:  # noqa: BLE001 - carried to the coordinator, raised there on every rank
+                failures.append(self._failure(e, f"in the M-step of iteration {iteration}"))
+        totals.clear()
+        self.pending = None
+        if done is not None:
+            done.reduce_s, done.reduce_bytes = reduce_s, moved
+            if d > 1 and self.part.pending is not None:
+                self.pending = self.part.pending_payload()
+        return net.gather(c.reports, (done, reports, failures, len(self.pending or b"")))
+
+    def _run_step(self, iteration: int):
+        """This rank's E-step: ``(share, None)``, or ``(None, failure)`` when it raised
+        (``failure`` None when another shard of its replica did)."""
+        c, spec, net = self.comms, self.comms.spec, self.net
+        exchanged = 0
 
         def exchange(mine):
             nonlocal exchanged
@@ -561,73 +715,72 @@ class MpiGrid:
             return every
 
         try:
-            share = self.step.run(self.model, exchange, iteration)
+            share = self.step.run(self.part.part, exchange, iteration)
+            share.receive_s = self.received_s
+            return share, None
         except _PeerFailed:
-            pass  # the shard that failed reports it
+            return None, None  # the shard that failed reports it
         except _NoAnswer:
             raise  # a rank hangs: the timed transport already told every rank that answers
         except Exception as e:  # noqa: BLE001 - carried to the coordinator, raised there on every rank
-            rank = c.world.Get_rank()
-            summary = traceback.format_exception_only(type(e), e)[-1].strip()
-            failure = _Failure(rank, f"rank {rank} (worker {spec.name!r}, replica {spec.replica}, shard {spec.shard}) "
-                               f"failed in iteration {iteration}: {summary}",
-                               traceback.format_exc())
+            failure = self._failure(e, f"in iteration {iteration}")
             if exchanged < self.step.exchanges_per_pass():
                 # the other shards wait in this block's exchange
                 net.allgather_arrays(c.coupling, coupling.FAILED_LENGTH, coupling.mark_failed)
-        if share is not None:
-            share.receive_s = self.received_s
-            payload = share.payload()
-            mine = (payload, share.report(spec.name, len(payload), self.meter.baseline_bytes), None)
-            del share, payload  # the statistics travel pickled: not held twice through the reduce
+            return None, failure
+
+    def _failure(self, e: Exception, when: str) -> _Failure:
+        spec, rank = self.comms.spec, self.comms.me
+        if isinstance(e, FitError):  # a FitError of the model's own says what it says, as on one process
+            return _Failure(rank, str(e), traceback.format_exc())
+        summary = traceback.format_exception_only(type(e), e)[-1].strip()
+        return _Failure(rank, f"rank {rank} (worker {spec.name!r}, replica {spec.replica}, shard {spec.shard}) "
+                        f"failed {when}: {summary}", traceback.format_exc())
+
+    def apply(self, payload: bytes, skeleton: Node | None = None) -> None:
+        """The next model here: the coordinator's skeleton and the column head's new subtrees."""
+        t0 = perf_counter()
+        net, column = self.net, self.comms.column
+        skeleton = pickle.loads(payload) if skeleton is None else skeleton
+        if len(column.members) == 1:
+            self.part.apply(skeleton)
+        elif self.comms.me == column.members[0]:
+            net.bcast_bytes(column, self.pending)
+            self.pending = None
+            self.part.apply(skeleton)
         else:
-            mine = (None, None, failure)
-        column = net.gather(c.reduce, mine)
-        del mine
-        if spec.replica != 0:
-            return None
-        failures = [f for _, _, f in column if f is not None]
-        reports = [r for _, r, _ in column]
-        if failures or any(p is None for p, _, _ in column):
-            totals = net.gather(c.totals, (None, 0.0, [], failures))
-        elif len(column) == 1:  # one replica: its statistics go on as they came
-            blob, report, _ = column.pop()
-            totals = net.gather(c.totals, (blob, report.loglik, reports, []))
-        else:
-            stats, ll = reduce_shard([r.share(pickle.loads(p)) for p, r, _ in column])
-            del column
-            totals = net.gather(c.totals, (pickle.dumps(stats, protocol=PROTOCOL), ll, reports, []))
-        if spec.shard != 0:
-            return None
-        failures = [f for _, _, _, fs in totals for f in fs]
-        if failures or any(blob is None for blob, _, _, _ in totals):
-            return None, None, failures or [_Failure(c.world.Get_rank(), f"a rank stopped in iteration {iteration} "
-                                                     "without saying why", "")]
-        return ([(blob, part) for blob, part, _, _ in totals], [r for _, _, reports, _ in totals for r in reports], [])
+            self.part.part = None  # its old subtrees go before the new ones arrive
+            blob = net.bcast_bytes(column, None)
+            owned = pickle.loads(blob)
+            del blob
+            self.part.apply(skeleton, owned)
+        self.received_s = perf_counter() - t0
 
     def serve(self) -> FitResult:
-        """A non-coordinator rank: run a step per model broadcast until the result arrives."""
+        """A non-coordinator rank: do what the coordinator says until the result arrives."""
         c, net = self.comms, self.net
-        iteration = 0
         while True:
             kind, body = net.scatter(None, c.coordinator)
-            if kind == "model":
-                iteration += 1
-                net.arm(iteration)
-                t0 = perf_counter()
-                self.model = None  # not kept while the new one is unpickled
-                self.model = pickle.loads(body) if body is not None else None
-                del body
-                self.received_s = perf_counter() - t0
+            if kind == "step":
+                self.iteration = body
+                net.arm(body)
                 if c.spec is not None:
-                    try:
-                        self.worker_share(iteration)
-                    except _NoAnswer:
-                        raise  # every rank that answers raises it; the job ends with the one that judged
-                    except BaseException:  # the other ranks wait in a collective: end the job
-                        abort_job(c.world)
-                        raise
+                    self._guarded(self.worker_share, body)
                 net.finish()
+            elif kind == "update":
+                if c.spec is not None:
+                    net.arm(self.iteration)
+                    self._guarded(self.apply, body)
+                    net.disarm()
+            elif kind == "model":
+                if c.spec is not None:
+                    t0 = perf_counter()
+                    self.part = None  # not kept while the new one is unpickled
+                    self.part = ShardPart(self.view, c.spec.shard, pickle.loads(body), self.regularization)
+                    self.received_s = perf_counter() - t0
+                del body
+            elif kind == "fetch":
+                net.send_bytes(pickle.dumps(self._guarded(self.part.owned), protocol=PROTOCOL), c.coordinator, _FETCH)
             elif kind == "stop":  # the coordinator's callback stopped the fit (Ctrl-C, SIGTERM)
                 net.flush()
                 raise KeyboardInterrupt()
@@ -639,6 +792,15 @@ class MpiGrid:
                 net.flush()
                 message, trace = body
                 raise _fit_error(message, trace)
+
+    def _guarded(self, work, *args):
+        try:
+            return work(*args)
+        except _NoAnswer:
+            raise  # every rank that answers raises it; the job ends with the one that judged
+        except BaseException:  # the other ranks wait in a collective: end the job
+            abort_job(self.comms.world)
+            raise
 
 
 _SHM_RELEASED = False
@@ -791,6 +953,8 @@ class MpiExecutor(BaseExecutor):
         grid.tell(("done", None))
         net.bcast(pickle.dumps(result, protocol=PROTOCOL), root)  # pickled once, whatever the ranks
         net.flush()
+        if result.model is None:  # left on the grid: the shards left with the ranks (as on the others)
+            result.shards = Shards(grid.view, result.shards.skeleton)
         return result
 
     def __repr__(self) -> str:

@@ -148,11 +148,34 @@ class ShareReport(NamedTuple):
                            coupling_bytes=self.coupling_bytes, receive_s=self.receive_s, peak_bytes=self.peak_bytes)
 
 
-def shard_payloads(model: Node, layout: Sequence[Sequence[WorkerSpec]]) -> list[bytes]:
+class ShardPayloads(Sequence[bytes]):
     """The pickled part of ``model`` every shard holds (:meth:`ShardView.model_for`; the
-    same for every replica)."""
-    view = layout[0][0].view
-    return [pickle.dumps(view.model_for(s, model), protocol=PROTOCOL) for s in range(view.n_shards)]
+    same for every replica), made when a transport asks for it: only the last one asked for
+    is kept, so the coordinator never holds every shard's pickle at once (ask shard by
+    shard where the transport can). ``sizes`` records each one's length once made."""
+
+    def __init__(self, model: Node, layout: Sequence[Sequence[WorkerSpec]]):
+        self.model = model
+        self.view = layout[0][0].view
+        self.sizes: dict[int, int] = {}
+        self._last: tuple[int, bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.view.n_shards
+
+    def __getitem__(self, s: int) -> bytes:
+        if not 0 <= s < len(self):
+            raise IndexError(s)
+        if self._last is None or self._last[0] != s:
+            self._last = None  # the previous pickle goes before the next one is made
+            blob = pickle.dumps(self.view.model_for(s, self.model), protocol=PROTOCOL)
+            self._last = (s, blob)
+            self.sizes[s] = len(blob)
+        return self._last[1]
+
+    def size(self, s: int) -> int:
+        """Shard ``s``'s payload length (made now if no transport asked for it)."""
+        return self.sizes[s] if s in self.sizes else len(self[s])
 
 
 class WorkerStep:

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from .base import MAX_SPEC_DEPTH, Node, from_spec
 from .errors import SpecError
+from .sharded import is_sharded, model_from_root
 
 __all__ = ["from_spec", "load_model", "save_model"]
 
 
 def load_model(path) -> Node:
-    """Reads a model from a JSON spec file."""
+    """Reads a model from a JSON spec file: a plain spec, or the root of a model written
+    shard by shard and its shard files beside it (``models.sharded``), read back whole."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -29,6 +31,8 @@ def load_model(path) -> Node:
     except RecursionError:
         raise SpecError(f"model spec {str(p)!r} is nested too deep to read; the limit is {MAX_SPEC_DEPTH} "
                         "levels") from None
+    if is_sharded(spec):  # a root naming its shard files (models.sharded)
+        return model_from_root(spec, p.parent, f"model spec {str(p)!r}")
     try:
         return from_spec(spec)
     except SpecError as e:

@@ -1,6 +1,12 @@
-"""MPI: ``mpiexec -n 2`` and ``-n 4`` (oversubscribed on two cores) give the local trace, with
-the blocking collectives and with the timed transport (``timeout_s``); a plan needing more
-ranks than started is refused on every rank before any work.
+"""MPI: ``mpiexec -n 2``, ``-n 3`` and ``-n 4`` (oversubscribed on two cores) give the local
+trace, with the blocking collectives and with the timed transport (``timeout_s``); a plan
+needing more ranks than started is refused on every rank before any work.
+
+The sharded M-step across ranks (``mpi_shard_script.py``, one ``mpiexec -n 4`` job for every
+grid): each shard's statistics reduced over its column to its head, the head estimating its
+subtrees: the traces and fitted models are the local executor's to the last bit, and a
+model left on the grid is fetched from the heads shard by shard. A model larger than every
+worker's memory (``mpiexec -n 8``) is planned and fitted, each worker within its plan.
 
 The in-process test runs the MPI executor on ``COMM_SELF``, so it holds under plain pytest.
 """
@@ -9,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from emgrid.executors import get, optimize
@@ -33,12 +41,26 @@ needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec nex
 
 
 def run_mpi(ranks: int, d: int, m: int, out: Path, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(d), str(m), str(out)] + ([] if timeout_s is None else [str(timeout_s)])
+    return mpiexec(ranks, SCRIPT, *cmd)
+
+
+def mpiexec(ranks: int, script: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT), str(d), str(m), str(out)]
-    if timeout_s is not None:
-        cmd.append(str(timeout_s))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=str(ROOT))
+    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=str(ROOT))
+
+
+def assert_same_model(actual, expected) -> None:
+    """The same tree with bitwise equal parameters."""
+    a, b = actual.nodes(), expected.nodes()
+    assert [(p, n.family) for p, n in a] == [(p, n.family) for p, n in b]
+    for (path, x), (_, y) in zip(a, b):
+        px, py = x.params(), y.params()
+        assert px.keys() == py.keys(), path
+        for k in px:
+            assert np.array_equal(px[k], py[k]), (path, k)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +73,8 @@ def local_results(nested):
 
 @needs_mpiexec
 @pytest.mark.parametrize("ranks,grid,timeout_s", [
-    (2, (2, 1), None), (2, (1, 2), None), (4, (2, 2), None), (3, (1, 2), None),
-    (4, (2, 2), 60.0), (3, (1, 2), 60.0),
-], ids=["n2-2x1", "n2-1x2", "n4-2x2", "n3-1x2-one-idle", "n4-2x2-timed", "n3-1x2-one-idle-timed"])
+    (2, (2, 1), None), (3, (1, 2), None), (4, (2, 2), 60.0), (3, (1, 2), 60.0),
+], ids=["n2-2x1", "n3-1x2-one-idle", "n4-2x2-timed", "n3-1x2-one-idle-timed"])  # 1x2, 2x2 blocking: below
 def test_mpiexec_gives_the_local_trace_on_every_rank(tmp_path, local_results, ranks, grid, timeout_s):
     out = tmp_path / "result.json"
     proc = run_mpi(ranks, *grid, out, timeout_s)
@@ -89,3 +110,63 @@ def test_the_mpi_executor_on_comm_self_gives_the_local_trace(nested):
     assert_same_trace(res.log_likelihood, local.log_likelihood)
     with pytest.raises(PlanError, match="needs 2 workers"):
         optimize(data, model, plan=grid_plan(model, n, 2, 1), executor=get("mpi", comm=MPI.COMM_SELF))
+
+
+# ---------------------------------------------------------------- the sharded M-step across ranks
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    """Rank 0's pickled results of ``mpi_shard_script.py grids`` under ``mpiexec -n 4``."""
+    out = tmp_path_factory.mktemp("mpi") / "grids.pkl"
+    proc = mpiexec(4, HERE / "mpi_shard_script.py", "grids", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return pickle.loads(out.read_bytes())
+
+
+@needs_mpiexec
+def test_mpiexec_fits_sharded_models_as_the_local_executor_on_every_grid(sharded_runs):
+    from .mpi_shard_script import GRIDS, ITERATIONS, grid_cases
+
+    assert len(sharded_runs) == 2 * len(GRIDS) + 1
+    for name, model, data in grid_cases():
+        n = n_rows(model.prepare(data))
+        for d, m in GRIDS:
+            got = sharded_runs[name, d, m]
+            local = optimize(data, model, plan=grid_plan(model, n, d, m), max_iter=ITERATIONS, tol=0.0)
+            assert got["same_on_all_ranks"], (name, d, m)
+            assert got["trace"] == local.log_likelihood, (name, d, m)  # bitwise: one summation order
+            assert_same_model(got["model"], local.model)
+            assert_same_bytes(got["bytes"], local.bytes_moved)
+            if (d, m) == (2, 2):
+                on_2x2 = local
+    # the last case on 2x2, its model left on the grid, fetched from its heads by the coordinator's callback
+    fetched = sharded_runs["fetched", 2, 2]
+    assert fetched["same_on_all_ranks"] and fetched["trace"] == on_2x2.log_likelihood
+    assert_same_model(fetched["model"], on_2x2.model)
+
+
+@needs_mpiexec
+def test_a_model_larger_than_every_workers_memory_is_planned_and_fitted_under_mpiexec(tmp_path):
+    # 8 workers (oversubscribed): a worker holds three copies of its shard's parameters and
+    # statistics (planner.costing), which on 4 workers come to more than the whole model's parameters
+    from emgrid.planner import balance_plan
+
+    from .mpi_shard_script import MEMORY_WORKERS, memory_case, memory_limit, memory_resources, param_bytes
+
+    model, data = memory_case()
+    limit = memory_limit()
+    assert limit < param_bytes(model)
+    plan = balance_plan(model, memory_resources(), n_data=n_rows(model.prepare(data)))  # no InfeasiblePlanError
+    assert plan.workers_used == MEMORY_WORKERS and all(w.memory_bytes <= limit for w in plan.per_worker)
+    out, planned = tmp_path / "memory.pkl", tmp_path / "plan.pkl"
+    planned.write_bytes(pickle.dumps(plan))
+    proc = mpiexec(MEMORY_WORKERS, HERE / "mpi_shard_script.py", "memory", str(out), str(planned))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = pickle.loads(out.read_bytes())["memory"]
+    ran = got["plan"]
+    local = optimize(data, model, plan=ran, max_iter=3, tol=0.0)
+    assert got["same_on_all_ranks"] and got["trace"] == local.log_likelihood
+    assert_same_model(got["model"], local.model)
+    for w in ran.per_worker:
+        # every rank, the coordinator included, measures within 25% of the plan's figure
+        # (MPI's shared-memory buffers it touches count too)
+        assert got["peaks"][w.name] <= 1.25 * w.memory_bytes, (w.name, got["peaks"][w.name], w.memory_bytes)
