@@ -18,7 +18,9 @@ Four measurements, all in one run (the MPI runs are this script started again un
    ``local`` executor runs the cells of its grid one after another, so its prediction is
    the sum of the workers' predicted compute and the M-step term.
 4. **Fixed overhead** per iteration of each executor (a tiny model, many iterations), which
-   turns the seed's "when to distribute" rule into numbers for this machine.
+   turns the seed's "when to distribute" rule into numbers for this machine; and, for the
+   runs of 1 and 2, the reduce and broadcast bytes per worker against the plan's
+   ``extra.reduce_bytes`` and ``extra.broadcast_bytes``.
 
 BLAS is limited to one thread per process (here and in every worker), so ``local`` is one
 core and ``W`` workers are ``W`` cores.
@@ -200,7 +202,8 @@ def summarize(res, wall_s: float) -> dict:
     predicted = predicted_s(res.plan, res.executor)
     return {"executor": res.executor, "grid": f"{res.plan.data_parallel}x{res.plan.model_parallel}",
             "trace": res.log_likelihood, "iteration_s": per_iteration(res.timings), "phases_s": phases,
-            "bytes": res.bytes_moved[-1], "predicted_s": predicted,
+            "bytes": res.bytes_moved[-1], "predicted_s": predicted, "workers": res.plan.workers_used,
+            "predicted_bytes": {"reduce": res.plan.extra["reduce_bytes"], "broadcast": res.plan.extra["broadcast_bytes"]},
             "predicted_breakdown": res.plan.breakdown.model_dump(), "wall_s": wall_s}
 
 
@@ -376,6 +379,21 @@ def report(out: dict) -> str:
         lines.append(f"| {name} | {r['iteration_s'] * 1e6:.0f} us | {r['predicted_s'] * 1e6:.0f} us | "
                      f"{ph['broadcast'] * 1e6:.0f} us | "
                      f"{ph['compute'] * 1e6:.0f} us | {ph['reduce'] * 1e6:.0f} us | {ph['mstep'] * 1e6:.0f} us |")
+    lines += ["", "## 4. Reduce and broadcast bytes per iteration, measured against the plan", "",
+              "The last iteration's `bytes_moved` (pickled, so with pickle's framing) against the plan's "
+              "`extra.reduce_bytes` and `extra.broadcast_bytes` (the numbers the sharded M-step moves: each "
+              "column's tree reduce, the heads' reports, the update), per worker of the grid.", "",
+              "| run | grid | reduce measured | predicted | broadcast measured | predicted | "
+              "(reduce + broadcast) measured/predicted |", "|---|---|---|---|---|---|---|"]
+    for section in ("speedup", "model_parallel"):
+        for name, r in out[section]["runs"].items():
+            w = r["workers"]
+            got = {k: r["bytes"][k] / w for k in ("reduce", "broadcast")}
+            want = {k: r["predicted_bytes"][k] / w for k in ("reduce", "broadcast")}
+            total = sum(want.values())
+            q = f"{sum(got.values()) / total:.3f}" if total else "-"
+            lines.append(f"| {name} | {r['grid']} | {got['reduce']:.0f} | {want['reduce']:.0f} | {got['broadcast']:.0f} "
+                         f"| {want['broadcast']:.0f} | {q} |")
     lines += ["", "## When to distribute, on this machine", "", out["rule"], ""]
     return "\n".join(lines)
 
