@@ -5,12 +5,19 @@ How bytes move:
 - **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
   ``.npy`` files (a dataset on disk, on a file system the workers share), or receives its
   replica's rows, only its shard's columns, scattered once to its worker (data in memory).
-- **Model and statistics**, every iteration: the coordinator calls each cell's ``step`` with
-  its shard's pickled model (bytes, over the Dask comm to the cell's worker) and receives its
-  pickled statistics and :class:`executors.step.ShareReport`.
+- **Model**, once per run: each cell receives its shard's part of the starting model
+  (pickled, :meth:`executors.actors.Cell.load`); per iteration, the coordinator's new
+  skeleton (the spanning nodes) goes to every cell and each column's head pushes its
+  shard's new subtrees to the other cells of its column.
+- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
+  reduce, pushing their pickled partial sums to each other's actors; the column's head
+  (replica 0) runs its shard's M-step and the coordinator receives only its pickled
+  :class:`executors.mstep.ColumnReport`, beside every cell's
+  :class:`executors.step.ShareReport`.
 - **Coupling**, per block: each cell calls ``deliver`` on the actors of the other shards of its
   replica (worker to worker, on the workers' event loops) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.actors`).
+  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.actors`); the
+  column messages travel the same way.
 
 Cells are placed on the workers the plan names when it was made for this cluster
 (``Resources.from_dask(client)``, whose worker names are the cluster's slots); otherwise in
@@ -42,6 +49,7 @@ from emgrid.planner.resources import Resources, dask_slots
 from .actors import Cell, check_timeouts, failed, forwarded_env, import_extra, no_answer, outcome, shipped_rows
 from .datafiles import NpyDataset
 from .loop import GridOutcome, run_em
+from .mstep import update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import grid_layout
@@ -67,12 +75,15 @@ class Shipped:
 
 
 class DaskCell:
-    """The Dask actor of one cell (:class:`executors.actors.Cell`) and its own step thread.
+    """The Dask actor of one cell (:class:`executors.actors.Cell`), with a thread of its own
+    per call that may wait.
 
-    The coordinator calls ``info``, ``connect``, ``deliver``, ``waits_for``, ``abort`` and
-    ``close`` with ``separate_thread=False`` (they run on the worker's event loop, briefly);
-    ``step`` is a coroutine that runs the step on a thread of the cell's, so the worker's one
-    actor thread, shared by the actors of its process, is never held.
+    The coordinator calls ``info``, ``connect``, ``waits_for``, ``abort`` and ``close`` with
+    ``separate_thread=False``, and the cells call each other's ``deliver`` so (they run on
+    the worker's event loop, briefly); ``load``, ``step``, ``update`` and ``fetch`` are
+    coroutines that run the cell's method on a thread of the cell's, so the worker's one actor
+    thread, shared by the actors of its process, is never held, and deliveries are taken
+    while the cell waits.
     """
 
     def __init__(self, spec, model, directory, rows, blas_threads, env):
@@ -84,32 +95,33 @@ class DaskCell:
     def info(self) -> dict:
         return self.cell.info()
 
-    def connect(self, peers: dict) -> None:
-        """``peers``: shard -> ``(worker address, actor key)`` of that shard's cell in this
-        cell's replica. Called on the worker's event loop, where the worker is known; the
-        proxies are made on the cell's thread at its first send, bound to this worker (and
-        to no client, so they hold no reference to the peers' actors)."""
+    def connect(self, peers: dict, replicas: int) -> None:
+        """``peers``: ``(replica, shard)`` -> ``(worker address, actor key)`` of every cell
+        this one sends to (:meth:`Cell.targets`). Called on the worker's event loop, where
+        the worker is known; the proxies are made on the cell's thread at its first send,
+        bound to this worker (and to no client, so they hold no reference to the peers'
+        actors)."""
         from distributed import get_worker
 
         worker = get_worker()
         self.peers = {}
 
-        def send(peer, iteration, block, shard, message):
-            proxy = self.peers.get(peer)
+        def send(target, key, message):
+            proxy = self.peers.get(target)
             if proxy is None:
                 from distributed.actor import Actor
 
-                proxy = self.peers[peer] = Actor(DaskCell, *peers[peer], worker=worker)
-            proxy.deliver(iteration, block, shard, message, separate_thread=False)
+                proxy = self.peers[target] = Actor(DaskCell, *peers[target], worker=worker)
+            proxy.deliver(key, message, separate_thread=False)
 
-        self.cell.connect(send, list(peers))
+        self.cell.connect(send, replicas)
 
-    def deliver(self, iteration, block, shard, message) -> None:
-        self.cell.deliver(iteration, block, shard, message)
+    def deliver(self, key, message) -> None:
+        self.cell.deliver(key, message)
 
-    async def step(self, iteration: int, payload: bytes):
-        """The cell's step on a daemon thread of its own (a hung one does not hold its
-        process at exit)."""
+    async def _threaded(self, method, *args):
+        """``method(*args)`` on a daemon thread of the cell's own (a hung one does not hold
+        its process at exit), awaited on the worker's event loop."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -122,7 +134,7 @@ class DaskCell:
 
         def run():
             try:
-                result, error = self.cell.run(iteration, payload), None
+                result, error = method(*args), None
             except BaseException as e:  # noqa: BLE001 - carried to the coordinator
                 result, error = None, e
             loop.call_soon_threadsafe(settle, result, error)
@@ -130,7 +142,19 @@ class DaskCell:
         threading.Thread(target=run, name=self.thread_name, daemon=True).start()
         return await done
 
-    def waits_for(self) -> list[int]:
+    async def load(self, payload: bytes, regularization) -> None:
+        return await self._threaded(self.cell.load, payload, regularization)
+
+    async def step(self, iteration: int):
+        return await self._threaded(self.cell.run, iteration)
+
+    async def update(self, iteration: int, skeleton: bytes) -> int:
+        return await self._threaded(self.cell.update, iteration, skeleton)
+
+    async def fetch(self) -> dict:
+        return await self._threaded(self.cell.owned)
+
+    def waits_for(self) -> str:
         return self.cell.waits_for()
 
     def abort(self) -> None:
@@ -161,7 +185,8 @@ class DaskGrid:
         self.actors: list = []
         self.addresses: list[str] = []
         self.infos: list[dict] = [{} for _ in self.cells]
-        self.steps: list = []
+        self.calls: list = []  # the calls of the round in flight (grid order), unanswered when it failed
+        self.called: list[int] = []  # the cells they went to
         self._checked = 0.0
 
     # ------------------------------------------------------------ naming and liveness
@@ -234,30 +259,48 @@ class DaskGrid:
         self.actors = [f.result() for f in self.futures]
         self.infos = self._call_all([a.info(separate_thread=False) for a in self.actors], "while starting",
                                     self.startup_timeout_s)
-        m = self.shape[1]
+        d, m = self.shape
         where = [(address, f.key) for address, f in zip(self.addresses, self.futures)]
-        self._call_all([a.connect({t: where[s.replica * m + t] for t in range(m) if t != s.shard},
-                                  separate_thread=False) for a, s in zip(self.actors, self.cells)],
-                       "while starting", self.startup_timeout_s)
+        self._call_all([a.connect({t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d, separate_thread=False)
+                        for a, s in zip(self.actors, self.cells)], "while starting", self.startup_timeout_s)
 
     @property
     def pids(self) -> list[int]:
         return [info.get("pid") for info in self.infos]
 
-    # ------------------------------------------------------------ one iteration
-    def broadcast(self, model, payloads: list[bytes]) -> None:
-        self.iteration += 1
-        self.steps = [a.step(self.iteration, payloads[s.shard]) for a, s in zip(self.actors, self.cells)]
+    # ------------------------------------------------------------ one run, one iteration
+    def broadcast(self, model, payloads) -> None:
+        """Shard by shard, so that this process holds one shard's pickle at a time."""
+        reg, m = self.job.regularization, self.shape[1]
+        for shard in range(m):
+            blob = payloads[shard]
+            cells = list(range(shard, len(self.cells), m))
+            self._call_all([self.actors[i].load(blob, reg) for i in cells],
+                           f"while receiving the model for iteration {self.iteration + 1}", self.timeout_s, cells=cells)
+            del blob
 
     def e_step(self, iteration: int) -> GridOutcome:
+        self.iteration = iteration
         t0 = perf_counter()
-        got = self._call_all(self.steps, f"in iteration {iteration}", self.timeout_s)
-        self.steps = []
+        got = self._call_all([a.step(iteration) for a in self.actors], f"in iteration {iteration}", self.timeout_s)
         return outcome(got, self.shape, perf_counter() - t0)
 
-    def _call_all(self, calls: list, when: str, timeout_s: float | None) -> list:
-        """Every cell's answer to one call each (grid order); FitError on an error, a death
-        or a timeout, naming the cell."""
+    def update(self, skeleton, payload: bytes) -> int:
+        it = self.iteration
+        pushed = self._call_all([a.update(it, payload) for a in self.actors], f"in the update after iteration {it}",
+                                self.timeout_s)
+        return update_bytes(self.layout[0][0].view, self.shape[0], len(payload), pushed[:self.shape[1]])
+
+    def fetch(self, shard: int) -> dict:
+        (owned,) = self._call_all([self.actors[shard].fetch()], f"sending shard {shard}'s subtrees after iteration "
+                                  f"{self.iteration}", self.timeout_s, cells=[shard])
+        return owned
+
+    def _call_all(self, calls: list, when: str, timeout_s: float | None, cells: list[int] | None = None) -> list:
+        """Every cell's answer to one call each (grid order, or the order of ``cells``, the
+        cells called); FitError on an error, a death or a timeout, naming the cell."""
+        cells = list(range(len(calls))) if cells is None else cells
+        self.calls, self.called = calls, cells
         out: list = [None] * len(calls)
         pending = set(range(len(calls)))
         deadline = None if timeout_s is None else perf_counter() + timeout_s
@@ -267,19 +310,22 @@ class DaskGrid:
                     try:
                         out[i] = calls[i].result()
                     except Exception as e:  # noqa: BLE001 - the cell's own error, or its death, named
+                        who = self._who(cells[i])
                         if isinstance(e, OSError) and str(e) == _UNREACHABLE:
-                            raise FitError(f"{self._who(i)} died {when} (its worker cannot be reached)") from None
-                        raise failed(self._who(i), when, e) from None
+                            raise FitError(f"{who} died {when} (its worker cannot be reached)") from None
+                        raise failed(who, when, e) from None
                     pending.discard(i)
             if not pending:
                 break
             self._check_alive(when)
             if deadline is not None and perf_counter() > deadline:
-                raise no_answer(self._who, self.cells, sorted(pending), self._waits(sorted(pending)), timeout_s, when)
+                stuck = sorted(cells[i] for i in pending)
+                raise no_answer(self._who, self.cells, stuck, self._waits(stuck), timeout_s, when)
             try:
                 calls[min(pending)].result(timeout=0.05)
             except Exception:  # noqa: BLE001 - a timeout, or its error, read on the next pass
                 pass
+        self.calls, self.called = [], []
         return out
 
     def _waits(self, cells: list[int]) -> dict[int, list[int]]:
@@ -312,11 +358,11 @@ class DaskGrid:
                 c.result(timeout=max(0.1, deadline - perf_counter()))
             except Exception:  # noqa: BLE001 - best effort: a dead worker cannot close
                 pass
-        deadline = perf_counter() + 1.0  # aborted, the steps that waited for a peer end now
-        while any(not c.done() for c in self.steps) and perf_counter() < deadline:
+        deadline = perf_counter() + 1.0  # aborted, the calls that waited for a peer end now
+        while any(not c.done() for c in self.calls) and perf_counter() < deadline:
             sleep(0.02)
-        busy = {self.addresses[i] for i, c in enumerate(self.steps) if not c.done()}
-        self.actors, self.steps = [], []
+        busy = {self.addresses[i] for i, c in zip(self.called, self.calls) if not c.done()}
+        self.actors, self.calls, self.called = [], [], []
         if self.futures:
             try:
                 self.client.cancel(self.futures, force=True)

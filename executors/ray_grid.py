@@ -6,8 +6,14 @@ How bytes move:
   ``.npy`` files (a dataset on disk, on a file system the nodes share), or receives its
   replica's rows, only its shard's columns, as an argument of its constructor (Ray puts them
   in its object store once; data in memory).
-- **Model and statistics**, every iteration: the coordinator calls each cell's ``step`` with
-  its shard's pickled model and receives its pickled statistics and
+- **Model**, once per run: each cell receives its shard's part of the starting model
+  (pickled, put in the object store once per shard; :meth:`executors.actors.Cell.load`);
+  per iteration, the coordinator's new skeleton (the spanning nodes) goes to every cell and
+  each column's head pushes its shard's new subtrees to the other cells of its column.
+- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
+  reduce, pushing their pickled partial sums to each other (``deliver.remote``); the
+  column's head (replica 0) runs its shard's M-step and the coordinator receives only its
+  pickled :class:`executors.mstep.ColumnReport`, beside every cell's
   :class:`executors.step.ShareReport`.
 - **Coupling**, per block: each cell calls ``deliver.remote`` on the actors of the other
   shards of its replica (actor to actor, the coordinator not involved) with its
@@ -40,6 +46,7 @@ from emgrid.planner.resources import Resources, ray_slots
 from .actors import Cell, check_timeouts, describe_error, forwarded_env, import_extra, no_answer, outcome, shipped_rows
 from .datafiles import NpyDataset
 from .loop import GridOutcome, run_em
+from .mstep import update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .step import grid_layout
@@ -57,7 +64,8 @@ def _import_ray():
 
 
 class RayCell:
-    """The Ray actor of one cell (:class:`executors.actors.Cell`), made remote when a fit starts."""
+    """The Ray actor of one cell (:class:`executors.actors.Cell`), made remote when a fit
+    starts; a threaded actor, so deliveries and the abort run while a call waits."""
 
     def __init__(self, spec, model, directory, rows, blas_threads, env):
         self.cell = Cell(spec, model, directory, rows, blas_threads, env)
@@ -66,22 +74,32 @@ class RayCell:
     def info(self) -> dict:
         return self.cell.info()
 
-    def connect(self, peers: dict) -> None:
-        """``peers``: shard -> the actor handle of that shard's cell in this cell's replica."""
+    def connect(self, peers: dict, replicas: int) -> None:
+        """``peers``: ``(replica, shard)`` -> the actor handle of every cell this one sends
+        to (:meth:`Cell.targets`)."""
         self.peers = peers
 
-        def send(peer, iteration, block, shard, message):
-            self.peers[peer].deliver.remote(iteration, block, shard, message)
+        def send(target, key, message):
+            self.peers[target].deliver.remote(key, message)
 
-        self.cell.connect(send, list(peers))
+        self.cell.connect(send, replicas)
 
-    def deliver(self, iteration, block, shard, message) -> None:
-        self.cell.deliver(iteration, block, shard, message)
+    def deliver(self, key, message) -> None:
+        self.cell.deliver(key, message)
 
-    def step(self, iteration: int, payload: bytes):
-        return self.cell.run(iteration, payload)
+    def load(self, payload: bytes, regularization) -> None:
+        self.cell.load(payload, regularization)
 
-    def waits_for(self) -> list[int]:
+    def step(self, iteration: int):
+        return self.cell.run(iteration)
+
+    def update(self, iteration: int, skeleton: bytes) -> int:
+        return self.cell.update(iteration, skeleton)
+
+    def fetch(self) -> dict:
+        return self.cell.owned()
+
+    def waits_for(self) -> str:
         return self.cell.waits_for()
 
     def abort(self) -> None:
@@ -113,7 +131,6 @@ class RayGrid:
         self.iteration = 0
         self.actors: list = []
         self.infos: list[dict] = [{} for _ in self.cells]
-        self.steps: list = []
 
     def _who(self, i: int) -> str:
         s = self.cells[i]
@@ -151,61 +168,111 @@ class RayGrid:
             self.actors.append(remote.options(**options).remote(spec, part, self.directory, rows, self.blas_threads,
                                                                  env))
         self.infos = self._call_all([a.info.remote() for a in self.actors], "while starting", self.startup_timeout_s)
-        m = self.shape[1]
-        self._call_all([a.connect.remote({t: self.actors[s.replica * m + t] for t in range(m) if t != s.shard})
+        d, m = self.shape
+        self._call_all([a.connect.remote({t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
                         for a, s in zip(self.actors, self.cells)], "while starting", self.startup_timeout_s)
 
     @property
     def pids(self) -> list[int]:
         return [info.get("pid") for info in self.infos]
 
-    def broadcast(self, model, payloads: list[bytes]) -> None:
-        self.iteration += 1
-        self.steps = [a.step.remote(self.iteration, payloads[s.shard]) for a, s in zip(self.actors, self.cells)]
+    def broadcast(self, model, payloads) -> None:
+        """Shard by shard, each shard's pickle put in the object store once, so that this
+        process holds one at a time."""
+        ray = _import_ray()
+        reg, m = self.job.regularization, self.shape[1]
+        for shard in range(m):
+            ref = ray.put(payloads[shard])
+            cells = list(range(shard, len(self.cells), m))
+            self._call_all([self.actors[i].load.remote(ref, reg) for i in cells],
+                           f"while receiving the model for iteration {self.iteration + 1}", self.timeout_s, cells=cells)
+            del ref
 
     def e_step(self, iteration: int) -> GridOutcome:
+        self.iteration = iteration
         t0 = perf_counter()
-        got = self._call_all(self.steps, f"in iteration {iteration}", self.timeout_s)
-        self.steps = []
+        got = self._call_all([a.step.remote(iteration) for a in self.actors], f"in iteration {iteration}",
+                             self.timeout_s)
         return outcome(got, self.shape, perf_counter() - t0)
 
-    def _call_all(self, refs: list, when: str, timeout_s: float | None) -> list:
-        """Every cell's answer (grid order); FitError naming the cell on an error, a death or
-        a timeout."""
+    def update(self, skeleton, payload: bytes) -> int:
+        ray = _import_ray()
+        it, ref = self.iteration, ray.put(payload)
+        pushed = self._call_all([a.update.remote(it, ref) for a in self.actors], f"in the update after iteration {it}",
+                                self.timeout_s)
+        return update_bytes(self.layout[0][0].view, self.shape[0], len(payload), pushed[:self.shape[1]])
+
+    def fetch(self, shard: int) -> dict:
+        (owned,) = self._call_all([self.actors[shard].fetch.remote()], f"sending shard {shard}'s subtrees after "
+                                  f"iteration {self.iteration}", self.timeout_s, cells=[shard])
+        return owned
+
+    def _call_all(self, refs: list, when: str, timeout_s: float | None, cells: list[int] | None = None) -> list:
+        """Every cell's answer (grid order, or the order of ``cells``, the cells called);
+        FitError naming the cell on an error, a death or a timeout."""
         ray = _import_ray()
         from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
+        cells = list(range(len(refs))) if cells is None else cells
         index = {ref: i for i, ref in enumerate(refs)}
         out: list = [None] * len(refs)
         pending = list(refs)
         deadline = None if timeout_s is None else perf_counter() + timeout_s
+        pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
         while pending:
             left = None if deadline is None else deadline - perf_counter()
             if left is not None and left <= 0:
-                stuck = sorted(index[r] for r in pending)
+                stuck = sorted(cells[index[r]] for r in pending)
                 raise no_answer(self._who, self.cells, stuck, self._waits(stuck), timeout_s, when)
             ready, pending = ray.wait(pending, num_returns=len(pending),
                                       timeout=_POLL_S if left is None else min(left, _POLL_S))
+            if pending and not ready and len(pending) < len(refs):
+                self._ping(pings, [cells[i] for i, r in enumerate(refs) if r not in pending], when)
             for ref in ready:
                 i = index[ref]
+                who = self._who(cells[i])
                 try:
                     out[i] = ray.get(ref)
                 except RayActorError as e:
                     report = getattr(e, "error_msg", None) or str(e)
                     if "creation task" in report:  # its constructor raised: opening its rows, say
-                        err = FitError(f"{self._who(i)} failed {when}: {_last_exception_line(report)}")
+                        err = FitError(f"{who} failed {when}: {_last_exception_line(report)}")
                     else:
-                        err = FitError(f"{self._who(i)} died {when} (Ray: {type(e).__name__})")
+                        err = FitError(f"{who} died {when} (Ray: {type(e).__name__})")
                     err.add_note(f"Ray's report:\n{report.rstrip()}")
                     raise err from None
                 except (RayTaskError, GetTimeoutError, RayError) as e:
                     summary, trace = describe_error(_cause(e))
-                    err = FitError(f"{self._who(i)} failed {when}: {summary}")
+                    err = FitError(f"{who} failed {when}: {summary}")
                     err.add_note(f"the worker's traceback:\n{str(e).rstrip()}")
                     raise err from None
         return out
 
-    def _waits(self, cells: list[int]) -> dict[int, list[int]]:
+    def _ping(self, pings: dict, answered: list[int], when: str) -> None:
+        """Names a cell of ``answered`` (they answered this round's call) whose actor died
+        since: the others may wait for a message it was to push (a partial sum of its column,
+        say), and Ray tells of a dead actor only to its callers. ``pings``: cell -> its ping
+        in flight, kept between calls; one new ping per cell once the last came back."""
+        ray = _import_ray()
+        from ray.exceptions import RayActorError
+
+        for i in answered:
+            ref = pings.get(i)
+            if ref is not None:
+                done, _ = ray.wait([ref], timeout=0)
+                if not done:
+                    continue
+                try:
+                    ray.get(ref)
+                except RayActorError as e:
+                    err = FitError(f"{self._who(i)} died {when} (Ray: {type(e).__name__})")
+                    err.add_note(f"Ray's report:\n{(getattr(e, 'error_msg', None) or str(e)).rstrip()}")
+                    raise err from None
+                except Exception:  # noqa: BLE001 - not a death: the cell's own calls name its errors
+                    pass
+            pings[i] = self.actors[i].info.remote()
+
+    def _waits(self, cells: list[int]) -> dict[int, str]:
         """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
         ray = _import_ray()
         if not self.actors:
@@ -228,7 +295,7 @@ class RayGrid:
                 ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.actors, self.steps = [], []
+        self.actors = []
 
 
 class RayExecutor(BaseExecutor):

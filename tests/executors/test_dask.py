@@ -20,12 +20,10 @@ from emgrid.models import n_rows  # noqa: E402
 from emgrid.models.errors import FitError  # noqa: E402
 from emgrid.planner import Resources  # noqa: E402
 
+from .actor_checks import GRIDS, assert_same_fit, assert_same_model, grid_id, local_fits  # noqa: E402
 from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
-from .plans import assert_same_bytes, assert_same_trace, grid_plan  # noqa: E402
+from .plans import assert_same_trace, grid_plan  # noqa: E402
 from .test_faults import deadline  # noqa: E402
-from .test_threads import probed  # noqa: E402
-
-GRIDS = [(2, 1), (1, 2), (2, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +38,7 @@ def client():
 
 @pytest.fixture(scope="module")
 def reference(nested):
-    model, data = nested
-    n = n_rows(model.prepare(data))
-    return {g: optimize(data, model, plan=grid_plan(model, n, *g), max_iter=4, tol=0.0) for g in GRIDS}
+    return local_fits(*nested)
 
 
 def leftovers(client) -> dict:
@@ -71,20 +67,17 @@ def assert_nothing_left(client, within_s: float = 20.0) -> None:
     assert not left, f"left on the cluster: {left}"
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
 def test_actor_grids_give_the_local_trace_and_bytes(client, nested, reference, grid, tmp_path, monkeypatch):
-    """Every cell also reports its BLAS pools from inside the fit: one thread each."""
+    """The trace and the gathered model are local's to the last bit (each shard's column
+    reduced and estimated on its head, the shards fetched from the heads). Every cell also
+    reports its BLAS pools from inside the fit: one thread each."""
     model, data = nested
     n = n_rows(model.prepare(data))
     monkeypatch.setenv("EMGRID_THREAD_PROBE", str(tmp_path))
     res = optimize(data, model, plan=grid_plan(model, n, *grid), executor=get("dask", address=client.scheduler.address),
                    max_iter=4, tol=0.0)
-    assert_same_trace(res.log_likelihood, reference[grid].log_likelihood)
-    assert_same_bytes(res.bytes_moved, reference[grid].bytes_moved)
-    assert res.executor == "dask"
-    threads = probed(tmp_path)
-    assert sorted(threads) == [f"w{i}" for i in range(grid[0] * grid[1])]
-    assert all(t == {1} for t in threads.values()), threads
+    assert_same_fit(res, reference[grid], "dask", tmp_path, grid[0] * grid[1])
     assert_nothing_left(client)
 
 
@@ -93,7 +86,8 @@ def test_cells_map_their_rows_of_a_dataset_on_disk(client, nested, reference, tm
     dataset = NpyDataset.write(data, tmp_path / "ds", model=model)
     res = optimize(dataset, model, plan=grid_plan(model, dataset.n_rows, 2, 2), executor=get("dask", address=client),
                    max_iter=4, tol=0.0)
-    assert_same_trace(res.log_likelihood, reference[(2, 2)].log_likelihood)
+    assert res.log_likelihood == reference[(2, 2)].log_likelihood
+    assert_same_model(res.model, reference[(2, 2)].model)
 
 
 def test_resources_read_the_cluster_and_plans_place_cells_on_it(client, nested, reference):
@@ -135,12 +129,16 @@ def test_a_killed_cell_stops_the_fit_with_its_name_and_iteration(client):
 def test_a_hung_cell_is_named_after_the_timeout_and_its_process_ended(client, monkeypatch):
     model = blocky_model()
     data = blocky_data(model)
-    monkeypatch.setenv("EMGRID_FAULT", "hang:worker=w1:iteration=2:block=1:seconds=600")
+    monkeypatch.setenv("EMGRID_FAULT", "hang:worker=w3:iteration=2:block=1:seconds=600")
     ex = get("dask", address=client, timeout_s=2.0)
-    with deadline(60), pytest.raises(FitError, match=r"no answer within 2 s in iteration 2 from worker 'w1' \(") as e:
-        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=ex, max_iter=4, tol=0.0)
-    assert "worker 'w0'" not in str(e.value)  # it waits for w1, and says so in a note
-    assert any("waits for the coupling message of shard(s) [1]" in n for n in e.value.__notes__)
+    with deadline(60), pytest.raises(FitError, match=r"no answer within 2 s in iteration 2 from worker 'w3' \(") as e:
+        optimize(data, model, plan=grid_plan(model, ROWS, 2, 2), executor=ex, max_iter=4, tol=0.0)
+    assert "worker 'w2'" not in str(e.value)  # it waits for w3, and says so in a note
+    notes = "\n".join(e.value.__notes__)
+    assert "worker 'w2' (replica 1, shard 0" in notes and "waits for the coupling message of shard(s) [1]" in notes
+    for head in ("w0' (replica 0, shard 0", "w1' (replica 0, shard 1"):  # the heads wait for their columns
+        assert f"worker '{head}" in notes
+    assert notes.count("waits for the partial sums of its column's replica(s) [1]") == 2
     client.wait_for_workers(2, timeout=60)
     assert_nothing_left(client)
 

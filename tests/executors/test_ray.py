@@ -20,12 +20,10 @@ from emgrid.models import n_rows  # noqa: E402
 from emgrid.models.errors import FitError  # noqa: E402
 from emgrid.planner import Resources  # noqa: E402
 
+from .actor_checks import GRIDS, assert_same_fit, grid_id, local_fits  # noqa: E402
 from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
-from .plans import assert_same_bytes, assert_same_trace, grid_plan  # noqa: E402
+from .plans import grid_plan  # noqa: E402
 from .test_faults import deadline  # noqa: E402
-from .test_threads import probed  # noqa: E402
-
-GRIDS = [(2, 1), (1, 2), (2, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +35,7 @@ def instance():
 
 @pytest.fixture(scope="module")
 def reference(nested):
-    model, data = nested
-    n = n_rows(model.prepare(data))
-    return {g: optimize(data, model, plan=grid_plan(model, n, *g), max_iter=4, tol=0.0) for g in GRIDS}
+    return local_fits(*nested)
 
 
 class Cells:
@@ -73,10 +69,12 @@ def assert_nothing_left(pids, within_s: float = 10.0) -> None:
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
 
 
-@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+@pytest.mark.parametrize("grid", GRIDS, ids=grid_id)
 def test_actor_grids_give_the_local_trace_and_bytes(instance, nested, reference, grid, tmp_path, monkeypatch):
-    """The 1x2 grid's cells map their rows of a dataset on disk; the others receive theirs.
-    Every cell also reports its BLAS pools from inside the fit: one thread each."""
+    """The trace and the gathered model are local's to the last bit (each shard's column
+    reduced and estimated on its head, the shards fetched from the heads). The 1x2 grid's
+    cells map their rows of a dataset on disk; the others receive theirs. Every cell also
+    reports its BLAS pools from inside the fit: one thread each."""
     model, data = nested
     n = n_rows(model.prepare(data))
     (tmp_path / "probe").mkdir()
@@ -86,12 +84,7 @@ def test_actor_grids_give_the_local_trace_and_bytes(instance, nested, reference,
     cells = Cells()
     res = optimize(data, model, plan=grid_plan(model, n, *grid), executor=cells.ex, max_iter=4, tol=0.0,
                    callback=cells.callback)
-    assert_same_trace(res.log_likelihood, reference[grid].log_likelihood)
-    assert_same_bytes(res.bytes_moved, reference[grid].bytes_moved)
-    assert res.executor == "ray"
-    threads = probed(tmp_path / "probe")
-    assert sorted(threads) == [f"w{i}" for i in range(grid[0] * grid[1])]
-    assert all(t == {1} for t in threads.values()), threads
+    assert_same_fit(res, reference[grid], "ray", tmp_path / "probe", grid[0] * grid[1])
     assert_nothing_left(cells.pids)
 
 
@@ -129,8 +122,9 @@ def test_a_hung_cell_is_named_after_the_timeout_and_killed(instance, monkeypatch
     cells = Cells(timeout_s=2.0)
     monkeypatch.setenv("EMGRID_FAULT", "hang:worker=w1:iteration=2:block=1:seconds=600")
     with deadline(60), pytest.raises(FitError, match=r"no answer within 2 s in iteration 2 from worker 'w1' \(") as e:
-        optimize(data, model, plan=grid_plan(model, ROWS, 1, 2), executor=cells.ex, max_iter=4, tol=0.0,
+        optimize(data, model, plan=grid_plan(model, ROWS, 2, 1), executor=cells.ex, max_iter=4, tol=0.0,
                  callback=cells.callback)
-    assert "worker 'w0'" not in str(e.value)  # it waits for w1, and says so in a note
-    assert any("waits for the coupling message of shard(s) [1]" in n for n in e.value.__notes__)
+    assert "worker 'w0'" not in str(e.value)  # the column's head waits for w1, and says so in a note
+    assert any(n.startswith("worker 'w0' (replica 0, shard 0") and "waits for the partial sums of its column's "
+               "replica(s) [1]" in n for n in e.value.__notes__)
     assert_nothing_left(cells.pids)
