@@ -303,7 +303,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
     remaining = cfg.fit.max_iter - done
     progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
     # a local grid lives in this process, and a small model costs little to fetch each iteration
-    hold = lead and (cfg.executor.kind == "local" or _param_bytes(model) <= HOLD_BYTES)
+    hold = lead and (cfg.executor.kind == "local" or _param_bytes(model) <= _hold_limit(plan, cfg.executor.kind == "mpi"))
     # held: (iteration, the model after it as Shards) this process can still write after the
     # fit stopped (when ``hold``; else None); saved: the checkpoint on disk;
     # written: what writing model.json gave (its n_parameters for the summary)
@@ -447,6 +447,17 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
 #: a model of at most this many bytes of parameters is gathered here after every iteration of
 #: a fit on other processes, so that an interrupt or a failure keeps its last iteration
 HOLD_BYTES = 64 * 2**20
+
+
+def _hold_limit(plan, in_grid: bool) -> float:
+    """The largest model (parameter bytes) this process keeps a copy of after every iteration:
+    :data:`HOLD_BYTES`, and where this process is also the worker of cell (0, 0) (``in_grid``:
+    MPI) and that worker's memory is known, a third of what its plan leaves free there (the
+    copy, its pickle and the shard fetched in transit), so the copy never breaks the plan."""
+    cell = plan.per_worker[0]
+    if not in_grid or cell.memory_limit is None:
+        return HOLD_BYTES
+    return min(HOLD_BYTES, (cell.memory_limit - cell.memory_bytes) / 3)
 
 
 def _param_bytes(model) -> int:

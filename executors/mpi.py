@@ -776,7 +776,8 @@ class MpiGrid:
                 if c.spec is not None:
                     t0 = perf_counter()
                     self.part = None  # not kept while the new one is unpickled
-                    self.part = ShardPart(self.view, c.spec.shard, pickle.loads(body), self.regularization)
+                    self.part = ShardPart(self.view, c.spec.shard, pickle.loads(body), self.regularization,
+                                          private=True)
                     self.received_s = perf_counter() - t0
                 del body
             elif kind == "fetch":

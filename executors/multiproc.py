@@ -122,7 +122,8 @@ def _serve(spec: WorkerSpec, d: int, directory: str, model: Node, control: Conne
             t0 = perf_counter()
             if command == "part":
                 part = None  # the last run's part: not kept while the new one is unpickled
-                part = ShardPart(spec.view, spec.shard, pickle.loads(control.recv_bytes()), regularization)
+                part = ShardPart(spec.view, spec.shard, pickle.loads(control.recv_bytes()), regularization,
+                                 private=True)
                 received += perf_counter() - t0
             elif command == "update":  # the skeleton from the parent, the subtrees down the column's tree
                 skeleton = pickle.loads(control.recv_bytes())
