@@ -90,7 +90,7 @@ from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
 
 from . import coupling
-from .loop import GridOutcome, critical_path, run_em
+from .loop import GridOutcome, critical_path, fits_here, run_em
 from .memory import PeakMeter, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
@@ -807,6 +807,16 @@ class MpiGrid:
 _SHM_RELEASED = False
 
 
+def room_for_the_result(job: FitJob) -> bool:
+    """Whether the fitted model is gathered (``FitJob.gather`` None): the result goes to every
+    rank, so it must fit where the coordinator runs (:func:`executors.loop.fits_here`) and, on
+    every worker whose memory the plan knows, in what the plan leaves free there (twice: the
+    pickle and the model)."""
+    need = 2 * sum(a.nbytes for _, node in job.model.nodes() for a in node.params().values())
+    room = all(w.memory_limit is None or w.memory_limit - w.memory_bytes >= need for w in job.plan.per_worker)
+    return room and fits_here(job.model)
+
+
 def release_shared_memory_files(world) -> None:
     """Unlinks the ``/dev/shm/mpich_shm_*`` files this rank maps, once every rank of the job
     has passed ``MPI_Init`` (``world`` is the whole job and a collective on it just ran): the
@@ -903,6 +913,8 @@ class MpiExecutor(BaseExecutor):
             raise ConfigError("every MPI rank must pass the same timeout_s and startup_timeout_s; got "
                               + ", ".join(f"rank {r}: {f[0]!r}, {f[1]!r}" for r, f in enumerate(facts)))
         release_shared_memory_files(world)
+        if job.gather is None:
+            job = replace(job, gather=room_for_the_result(job))
         comms = _Comms(world, job.plan, grid_layout(job.model, job.plan))
         if self.timeout_s is None:
             net = _Blocking(world)

@@ -165,6 +165,7 @@ def test_a_model_larger_than_every_workers_memory_is_planned_and_fitted_under_mp
     ran = got["plan"]
     local = optimize(data, model, plan=ran, max_iter=3, tol=0.0)
     assert got["same_on_all_ranks"] and got["trace"] == local.log_likelihood
+    assert got["left_on_the_grid"]  # no rank has room for the whole model: not gathered by default
     assert_same_model(got["model"], local.model)
     for w in ran.per_worker:
         # every rank, the coordinator included, measures within 25% of the plan's figure
