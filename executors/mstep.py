@@ -28,16 +28,16 @@ leaves the grid shard by shard (:class:`Shards`).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 
 from emgrid.models import Node, ShardView, Stats
-from emgrid.models.tree import child_path
-from emgrid.models.stats import StatsAccumulator
 from emgrid.models.diagnose import fit_warnings
 from emgrid.models.errors import ModelError
 from emgrid.models.regularize import Regularization, regularize
+from emgrid.models.stats import StatsAccumulator
+from emgrid.models.tree import child_path
 
 from .step import PROTOCOL, sum_in_order
 
@@ -47,7 +47,7 @@ class ColumnReport:
     """What the head of one shard's column sends the coordinator after its M-step."""
 
     shard: int
-    loglik: float  # the column's, summed in replica order (zero but on the lead column)
+    loglik: float  # the column's, summed in the tree's order (zero but on the lead column)
     split_stats: Stats  # the spanning nodes' statistics (the lead column's; empty elsewhere)
     nonfinite: tuple[str, str] | None = None  # (path, node description) of the first non-finite statistics
     mstep_s: float = 0.0  # the head's estimate of its subtrees

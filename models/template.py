@@ -9,7 +9,7 @@ None), ``nodes()`` and ``node_at()``.
 from __future__ import annotations
 
 from .errors import ModelError
-from .schema import Children, Param, Size
+from .schema import Param, Size
 
 
 class Templated:
