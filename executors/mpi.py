@@ -226,6 +226,10 @@ def _no_answer(message: str, notes: list[str]) -> _NoAnswer:
 _ABORT_REGISTERED = False
 
 
+#: Seconds a rank that aborts the job waits for its last output to be forwarded first.
+ABORT_GRACE_S = 0.5
+
+
 def _abort_when_done(world) -> None:
     """Aborts the whole job when this process exits: the rank that hangs cannot be stopped
     any other way, and the caller handles the FitError (a checkpoint, a message) first."""
@@ -237,6 +241,9 @@ def _abort_when_done(world) -> None:
     def abort():
         sys.stderr.flush()
         sys.stdout.flush()
+        # the process manager forwards what this rank wrote in its own time; aborting at once
+        # can lose the last lines (the FitError's message) on their way
+        time.sleep(ABORT_GRACE_S)
         world.Abort(ABORT_STATUS)
 
     atexit.register(abort)
