@@ -152,13 +152,14 @@ def _skeleton(node: Node, path: str, spanning: frozenset[str]) -> Node:
     return with_children(node, tuple(_skeleton(c, child_path(path, i), spanning) for i, c in enumerate(node.children)))
 
 
-def _assemble(node: Node, path: str, spanning: frozenset[str], owned: Mapping[str, Node]) -> Node:
-    if path in owned:
-        return owned[path]
-    if path not in spanning:
-        return node
-    return with_children(node, tuple(_assemble(c, child_path(path, i), spanning, owned)
-                                     for i, c in enumerate(node.children)))
+def fill_stubs(skeleton: Node, owned: Mapping[str, Node]) -> Node:
+    """``skeleton`` (spanning nodes above :class:`Elsewhere` stubs) with each stub whose path
+    ``owned`` names replaced by that subtree; the other stubs stay."""
+    if isinstance(skeleton, Elsewhere):
+        return owned.get(skeleton.path, skeleton)
+    if not skeleton.children:
+        return skeleton
+    return with_children(skeleton, tuple(fill_stubs(c, owned) for c in skeleton.children))
 
 
 # ---------------------------------------------------------------- the columns a shard reads
@@ -303,7 +304,7 @@ class ShardView:
         """``skeleton`` (:meth:`skeleton`) with the subtrees of ``owned`` (shard-root path ->
         subtree) in their stubs' places: a shard's part given its own roots, the whole model
         given every shard's."""
-        return _assemble(skeleton, "", frozenset(self.spanning), owned)
+        return fill_stubs(skeleton, owned)
 
     def columns_for(self, shard: int, model: Node, data: Data) -> Data | None:
         """The columns of ``data`` (rows of ``model``'s data) that ``shard`` reads, the others

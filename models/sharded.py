@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .base import MAX_SPEC_DEPTH, Node, from_spec, spec_depth
 from .errors import ModelError, SpecError
-from .shard import Elsewhere, ShardView, with_children
+from .shard import Elsewhere, ShardView, fill_stubs
 
 __all__ = ["FORMAT", "Written", "ShardOf", "is_sharded", "write_shards", "save_sharded", "save_model_sharded",
            "read_model", "read_root", "read_shard", "model_from_root", "shard_from_root", "shard_file_names",
@@ -70,16 +70,7 @@ class ShardOf:
     subtrees: dict[str, Node]
 
     def part(self) -> Node:
-        owned = self.subtrees
-
-        def fill(node: Node) -> Node:
-            if isinstance(node, Elsewhere):
-                return owned.get(node.path, node)
-            if not node.children:
-                return node
-            return with_children(node, tuple(fill(c) for c in node.children))
-
-        return fill(self.skeleton)
+        return fill_stubs(self.skeleton, self.subtrees)
 
 
 # ---------------------------------------------------------------- writing
