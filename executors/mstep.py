@@ -28,6 +28,7 @@ leaves the grid shard by shard (:class:`Shards`).
 from __future__ import annotations
 
 import pickle
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -155,10 +156,10 @@ class ShardPart:
 
     def estimate(self, stats: Stats, loglik: float) -> ColumnReport:
         """The head's M-step: ``stats`` are its column's totals (pass the only reference:
-        they are let go subtree by subtree). Each new subtree replaces the old one in the
-        part at once, so the head holds one subtree twice at a time, never its whole shard;
-        the new subtrees are also kept pending for the column until :meth:`apply`.
-        Non-finite statistics are reported, not estimated."""
+        they are let go node by node). A private part's old subtrees are taken apart as the
+        new ones are built (:func:`estimate_releasing`), so the head holds one node twice at a
+        time, never its whole shard; the new subtrees are also kept pending for the column
+        until :meth:`apply`. Non-finite statistics are reported, not estimated."""
         t0 = perf_counter()
         spanning = frozenset(self.view.spanning)
         split = Stats({p: v for p, v in stats.items() if p in spanning})
@@ -169,17 +170,20 @@ class ShardPart:
             return ColumnReport(self.shard, loglik, split, (bad, node.describe()), perf_counter() - t0)
         left = {p: v for p, v in stats.items() if p not in spanning}
         del stats
+        if self.regularization:
+            left = dict(regularize(self.part, Stats(left), self.regularization))
         skeleton = self.view.skeleton(self.part)
-        current = self.view.owned(self.shard, self.part)
-        self.pending = {}
-        left = dict(regularize(self.part, Stats(left), self.regularization)) if self.regularization else left
-        for root in self.view.roots_of(self.shard):
-            if self.private:
-                new = estimate_releasing(current.pop(root), left, root)
-            else:
-                new = current[root].estimate(Stats(left), root)
-            current[root] = self.pending[root] = new
-            self.part = self.view.assemble(skeleton, current)  # the old subtree goes now
+        roots = self.view.owned(self.shard, self.part)
+        pending = {}
+        if self.private:  # a node object may stand at several paths (a component given twice)
+            uses = Counter(id(n) for root, node in roots.items() for _, n in node.nodes(root))
+            for root in list(roots):
+                pending[root] = estimate_releasing(roots.pop(root), left, root, uses)
+        else:
+            own = Stats(left)
+            pending = {root: node.estimate(own, root) for root, node in roots.items()}
+        self.part = self.view.assemble(skeleton, pending)
+        self.pending = pending
         return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
 
     def pending_payload(self) -> bytes:
@@ -200,21 +204,32 @@ class ShardPart:
         return self.view.owned(self.shard, self.part)
 
 
-def estimate_releasing(node: Node, stats: dict, path: str) -> Node:
-    """``node.estimate(stats, path)``, letting each old child and each node's statistics go
-    as soon as its replacement exists: the old node's children are swapped for the new ones
-    one by one and the statistics popped from ``stats``, so at any time the tree is held
-    about once and only one child twice. ``node`` must be this process's own (it is taken
-    apart); the result equals ``node.estimate`` to the last bit."""
-    children = list(node.children)
-    for i in range(len(children)):
-        children[i] = estimate_releasing(children[i], stats, child_path(path, i))
-        node.children = tuple(children)  # the old child is now referenced nowhere
+def estimate_releasing(node: Node, stats: dict, path: str, uses: Counter | None = None) -> Node:
+    """``node.estimate(stats, path)``, letting each old node and its statistics go as soon
+    as its replacement exists: statistics are popped from ``stats``, and every old node is
+    emptied (:func:`_discard`) once its last place in the tree has its new one, so at any
+    time the tree is held about once and one node twice. ``node`` must be this process's
+    own, referenced from nowhere else (it is taken apart, itself included); the result
+    equals ``node.estimate`` to the last bit."""
+    if uses is None:  # how many places of the tree each node object stands at
+        uses = Counter(id(n) for _, n in node.nodes(path))
+    children = [estimate_releasing(c, stats, child_path(path, i), uses) for i, c in enumerate(node.children)]
     if not node.has_own_stats:
-        return node._estimate((), tuple(children))
-    if path not in stats:
+        new = node._estimate((), tuple(children))
+    elif path not in stats:
         raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({node.family})")
-    return node._estimate(stats.pop(path), tuple(children))
+    else:
+        new = node._estimate(stats.pop(path), tuple(children))
+    uses[id(node)] -= 1
+    if not uses[id(node)]:
+        _discard(node)
+    return new
+
+
+def _discard(node: Node) -> None:
+    """Drops what an old node holds (its arrays, its children): its replacement exists, and
+    the tuple of its parent that still names it goes when the parent is replaced."""
+    node.__dict__.clear()
 
 
 def split_m_step(skeleton: Node, split: Stats, regularization: Regularization | None) -> Node:
