@@ -220,9 +220,12 @@ def estimate_releasing(node: Node, stats: dict, path: str, uses: Counter | None 
         raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({node.family})")
     else:
         new = node._estimate(stats.pop(path), tuple(children))
-    uses[id(node)] -= 1
-    if not uses[id(node)]:
-        _discard(node)
+    if new is node:  # a node whose statistics weigh too little keeps itself: never empty it
+        uses[id(node)] = -1
+    elif uses[id(node)] > 0:
+        uses[id(node)] -= 1
+        if not uses[id(node)]:
+            _discard(node)
     return new
 
 

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emgrid.executors import optimize
-from emgrid.executors.mstep import ShardPart, Shards, join_columns, split_m_step, tree_role, tree_rounds, tree_sum
+from emgrid.executors.mstep import (ShardPart, Shards, estimate_releasing, join_columns, split_m_step, tree_role,
+                                    tree_rounds, tree_sum)
 from emgrid.models import Composite, FullGaussian, Gaussian, Mixture, ShardView, Stats
 from emgrid.models.errors import FitError
 from emgrid.models.regularize import Regularization
@@ -149,3 +150,19 @@ def test_shards_of_a_held_model_gather_it_back():
     sh = Shards.held(view, model)
     assert same(sh.gather(), model)
     assert sum(len(part) for _, part in sh) == len(view.roots)
+
+
+def test_taking_a_part_apart_keeps_the_nodes_that_keep_themselves_and_the_shared_ones():
+    # a component no row reaches keeps its parameters (its estimate is itself), and one
+    # component object stands at two places: neither may be emptied
+    near, far = Gaussian(0.0, 1.0), Gaussian(1e6, 1.0)
+    model = Mixture([near, far, far, Gaussian(0.5, 2.0)], np.full(4, 0.25))
+    data = Gaussian(0.0, 1.0).sample(200, np.random.default_rng(5))
+    stats = model.accumulate(data)
+    assert stats["1"][0] < 1e-300  # far's weight: nothing
+    whole = model.estimate(stats)
+    private = pickle.loads(pickle.dumps(model))
+    assert private.children[1] is private.children[2]  # pickle keeps the sharing
+    new = estimate_releasing(private, dict(stats), "")
+    assert same(new, whole)
+    assert np.array_equal(new.log_density(data), whole.log_density(data))
