@@ -38,7 +38,7 @@ from emgrid.models.stats import StatsAccumulator
 from emgrid.planner.plan import BalancePlan
 
 from . import faults
-from .memory import PeakMeter
+from .memory import PeakMeter, release_free_memory
 
 #: Pickle protocol of every pickled payload (statistics, models; the coupling moves flat arrays, executors.coupling).
 PROTOCOL = 5
@@ -211,6 +211,7 @@ class WorkerStep:
         shards of the replica). Returns the worker's :class:`WorkerShare`. ``iteration``
         (from 1; 0 = not counted) is what the fault-injection hook matches.
         """
+        release_free_memory()  # what the last M-step freed goes back before this pass allocates
         spec, view = self.spec, self.spec.view
         folded = StatsAccumulator()
         ll = 0.0
