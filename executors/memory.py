@@ -100,6 +100,36 @@ def release_free_memory() -> None:
         _LIBC = False
 
 
+#: glibc's ``mallopt`` parameter for the size from which blocks are mapped on their own
+M_MMAP_THRESHOLD = -3
+#: Blocks of this size or more are mapped on their own and unmapped when freed (what a
+#: worker process sets, :func:`map_large_blocks`): tables of parameters and statistics,
+#: received messages, not a block's working arrays.
+LARGE_BLOCK_BYTES = 4 << 20
+
+
+def map_large_blocks() -> None:
+    """Makes glibc map every block of :data:`LARGE_BLOCK_BYTES` or more on its own (and unmap
+    it when freed) in this worker process. By default glibc raises that threshold to the
+    size of the largest block freed so far, so once a worker frees its first parameter table
+    the next ones come from the heap, and the holes an M-step leaves when it replaces them
+    stay resident (4 MPI ranks holding 16 MB of categorical tables each peaked at 4.1-4.6
+    tables' worth by default, 3.75-3.87 with this). Setting the threshold turns that
+    adjustment off. Only in processes that emgrid runs (MPI ranks, multiprocessing
+    workers): a caller's own process keeps its allocator as it is."""
+    global _LIBC
+    if _LIBC is False:
+        return
+    try:
+        if _LIBC is None:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+    except (OSError, AttributeError):
+        _LIBC = False
+
+
 class PeakMeter:
     """Peak resident memory of this process above the RSS it had when the meter started."""
 

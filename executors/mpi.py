@@ -91,7 +91,7 @@ from emgrid.planner.resources import Resources
 
 from . import coupling
 from .loop import GridOutcome, critical_path, fits_here, run_em
-from .memory import PeakMeter, warm_up
+from .memory import PeakMeter, map_large_blocks, warm_up
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .mstep import ShardPart, Shards, column_reduce, report_payload, update_bytes
@@ -104,7 +104,7 @@ _RANK_NAME = re.compile(r"rank(\d+)")
 #: (``emgrid fit``'s exit code for a fit that failed while running).
 ABORT_STATUS = 3
 # Message tags of the timed transport: data on one duplicate of the world communicator ...
-_BCAST, _COUPLE, _REDUCE, _TOTALS, _STATS, _UPDATE, _FETCH = 1, 2, 3, 4, 5, 6, 7
+_BCAST, _COUPLE, _REDUCE, _TOTALS, _STATS, _UPDATE, _FETCH, _MODEL = 1, 2, 3, 4, 5, 6, 7, 8
 # ... and questions on another, so that they never match a data message.
 _ASK, _ANSWER, _TELL = 1, 2, 3
 #: A pending wait polls without sleeping for its first ``_SPIN_S`` (yielding the core between
@@ -290,8 +290,9 @@ class _Blocking:
         """``obj`` to rank ``dest`` alone, as :meth:`scatter` sends each rank its part."""
         self.world.send(obj, dest=dest, tag=_BCAST)
 
-    def send_bytes(self, blob, dest: int, tag: int) -> None:
-        """Bytes to world rank ``dest`` as they are (no pickle around them)."""
+    def send_bytes(self, blob, dest: int, tag: int, wait: bool = False) -> None:
+        """Bytes to world rank ``dest`` as they are (no pickle around them); blocking, so
+        ``wait`` changes nothing here."""
         from mpi4py import MPI
 
         self.world.Send([blob, MPI.BYTE], dest=dest, tag=tag)
@@ -416,8 +417,13 @@ class _Timed:
         blob = pickle.dumps(obj, protocol=PROTOCOL)
         self._wait_all([self.data.Isend([blob, self.MPI.BYTE], dest, _BCAST)], "sending to every rank")
 
-    def send_bytes(self, blob, dest: int, tag: int) -> None:
-        self.sends.append(self.data.Isend([blob, self.MPI.BYTE], dest, tag))
+    def send_bytes(self, blob, dest: int, tag: int, wait: bool = False) -> None:
+        """``wait``: completed before returning, so the caller may let ``blob`` go."""
+        request = self.data.Isend([blob, self.MPI.BYTE], dest, tag)
+        if wait:
+            self._wait_all([request], "sending to every rank")
+        else:
+            self.sends.append(request)
 
     def recv_bytes(self, source: int, tag: int, what: str) -> bytearray:
         return self._receive([source], tag, what, self._take_bytes)[source]
@@ -582,6 +588,7 @@ class MpiGrid:
         self.layout = comms.layout
         self.view = self.layout[0][0].view
         self.regularization = job.regularization
+        map_large_blocks()
         warm_up(job.model)
         self.meter = PeakMeter()  # before this rank takes its rows: see executors.memory
         spec = comms.spec
@@ -602,10 +609,17 @@ class MpiGrid:
         self.net.scatter(lambda r: message, self.comms.coordinator)
 
     def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        """Each rank its shard's part of the model (a scatter; idle ranks get none)."""
+        """Each rank its shard's part of the model, rank by rank: the word, then the pickled
+        part as raw bytes (not pickled again inside the word: the root holds one copy of
+        one part, a rank the bytes it receives and what they unpickle to); idle ranks get
+        the word alone."""
         c = self.comms
         self.net.arm(self.iteration + 1)
-        self.net.scatter(lambda r: ("model", payloads[c.specs[r].shard] if r in c.specs else None), c.coordinator)
+        for r in range(c.world.Get_size()):
+            if r != c.coordinator:
+                self.net.command(("model", r in c.specs), r)
+                if r in c.specs:
+                    self.net.send_bytes(payloads[c.specs[r].shard], r, _MODEL, wait=True)
         self.net.disarm()
         self.part = ShardPart(self.view, c.spec.shard, self.view.model_for(c.spec.shard, model), self.regularization)
 
@@ -780,13 +794,14 @@ class MpiGrid:
                     self._guarded(self.apply, body)
                     net.disarm()
             elif kind == "model":
-                if c.spec is not None:
+                if body:
                     t0 = perf_counter()
                     self.part = None  # not kept while the new one is unpickled
-                    self.part = ShardPart(self.view, c.spec.shard, pickle.loads(body), self.regularization,
-                                          private=True)
+                    blob = net.recv_bytes(c.coordinator, _MODEL, "for its part of the model")
+                    part = pickle.loads(blob)
+                    del blob
+                    self.part = ShardPart(self.view, c.spec.shard, part, self.regularization, private=True)
                     self.received_s = perf_counter() - t0
-                del body
             elif kind == "fetch":
                 net.send_bytes(pickle.dumps(self._guarded(self.part.owned), protocol=PROTOCOL), c.coordinator, _FETCH)
             elif kind == "stop":  # the coordinator's callback stopped the fit (Ctrl-C, SIGTERM)

@@ -150,9 +150,18 @@ class ShardPart:
     regularization: Regularization | None = None
     #: whether this worker's part is its own (unpickled), so its M-step may take the old
     #: subtrees apart as it goes (:func:`estimate_releasing`); False where the part shares
-    #: nodes with the caller's model (the local executor)
+    #: nodes with the caller's model (the local executor, the MPI coordinator): those are
+    #: never taken apart, the ones its own M-steps made are
     private: bool = False
     pending: dict[str, Node] | None = field(default=None, repr=False)
+    #: ids of nodes that are not this part's to take apart: the caller's, and every node
+    #: :meth:`owned` handed out (a callback may keep what it gathered). An id outliving its
+    #: node only keeps a later node whole: never wrong, at worst held a little longer.
+    lent: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.private:
+            self.lent.update(id(n) for _, n in self.part.nodes())
 
     def estimate(self, stats: Stats, loglik: float) -> ColumnReport:
         """The head's M-step: ``stats`` are its column's totals (pass the only reference:
@@ -175,13 +184,12 @@ class ShardPart:
         skeleton = self.view.skeleton(self.part)
         roots = self.view.owned(self.shard, self.part)
         pending = {}
-        if self.private:  # a node object may stand at several paths (a component given twice)
-            uses = Counter(id(n) for root, node in roots.items() for _, n in node.nodes(root))
-            for root in list(roots):
-                pending[root] = estimate_releasing(roots.pop(root), left, root, uses)
-        else:
-            own = Stats(left)
-            pending = {root: node.estimate(own, root) for root, node in roots.items()}
+        # a node object may stand at several paths (a component given twice): count them
+        uses = Counter(id(n) for root, node in roots.items() for _, n in node.nodes(root))
+        for lent in self.lent.intersection(uses):
+            uses[lent] = -1  # never emptied
+        for root in list(roots):
+            pending[root] = estimate_releasing(roots.pop(root), left, root, uses)
         self.part = self.view.assemble(skeleton, pending)
         self.pending = pending
         return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
@@ -200,8 +208,11 @@ class ShardPart:
         self.pending = None
 
     def owned(self) -> dict[str, Node]:
-        """The shard's current subtrees (what it contributes to the fitted model)."""
-        return self.view.owned(self.shard, self.part)
+        """The shard's current subtrees (what it contributes to the fitted model); lent, so
+        later M-steps leave them whole."""
+        roots = self.view.owned(self.shard, self.part)
+        self.lent.update(id(n) for root, node in roots.items() for _, n in node.nodes(root))
+        return roots
 
 
 def estimate_releasing(node: Node, stats: dict, path: str, uses: Counter | None = None) -> Node:

@@ -65,7 +65,7 @@ from emgrid.models.regularize import Regularization
 from . import coupling
 from .datafiles import NpyDataset
 from .loop import GridOutcome, critical_path, run_em
-from .memory import PeakMeter, warm_up
+from .memory import PeakMeter, map_large_blocks, warm_up
 from .mstep import ShardPart, column_reduce, report_payload, tree_role, tree_rounds, update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
@@ -103,6 +103,7 @@ def _serve(spec: WorkerSpec, d: int, directory: str, model: Node, control: Conne
            peers: dict[int, Connection], column: dict[int, Connection],
            regularization: Regularization | None) -> None:
     try:
+        map_large_blocks()
         for root in spec.roots:
             warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
         meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory

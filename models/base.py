@@ -19,7 +19,7 @@ from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
-from .schema import Children, Field, Meta, Param, Size, spec_field, spec_list, spec_repeat
+from .schema import Children, Field, Meta, Param, Size, arrays_kept, spec_field, spec_list, spec_repeat
 from .stats import OwnStats, Stats
 from .tables import is_table, read_table
 from .answers import Answering
@@ -371,7 +371,10 @@ class Node(Templated, Answering):
 
 
 def _rebuild(cls, fields: dict) -> Node:
-    return cls(**fields)
+    # the arrays are the unpickled copies (or, from ``copy.deepcopy``, fresh ones) that
+    # nothing else holds: the constructor keeps them instead of copying each
+    with arrays_kept():
+        return cls(**fields)
 
 
 #: The deepest nesting of nodes a spec may have (a model's recursion runs that deep in every

@@ -16,6 +16,8 @@ known before its values are.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,7 +195,37 @@ Field = Param | Children | Size | Meta
 
 
 # ---------------------------------------------------------------- value checks
+def frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr`` made read-only, for a constructor to keep without a copy: only for an array
+    that nothing else holds (a fresh result, an unpickled field), see :func:`as_float_array`."""
+    arr.setflags(write=False)
+    return arr
+
+
+_KEPT = threading.local()
+
+
+@contextmanager
+def arrays_kept():
+    """Within it, constructors keep the float64 arrays they are given (frozen) instead of
+    copying them: for arrays nothing else holds, such as a node's unpickled fields."""
+    before = getattr(_KEPT, "on", False)
+    _KEPT.on = True
+    try:
+        yield
+    finally:
+        _KEPT.on = before
+
+
 def as_float_array(value, name: str, family: str, ndim: int) -> np.ndarray:
+    """A checked read-only float64 copy of ``value``. Kept as it is, frozen: a read-only
+    float64 array that owns its data (:func:`frozen`: no one can write to it), and under
+    :func:`arrays_kept` any float64 array."""
+    if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.ndim == ndim and (
+            getattr(_KEPT, "on", False) or (not value.flags.writeable and value.flags.owndata)):
+        if not np.isfinite(value).all():
+            raise ModelError(f"{family}.{name} must be finite, got {value}")
+        return frozen(value)
     try:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
