@@ -42,7 +42,8 @@ from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponentia
 from emgrid.models.cost import block_bytes_per_row, tree_costs  # noqa: E402
 from emgrid.models.engine import block_rows  # noqa: E402
 from emgrid.planner import Resources, balance_plan  # noqa: E402
-from emgrid.planner.costing import COUPLING_COPIES, fixed_bytes, leaf_shard_array, model_facts, shard_sums  # noqa: E402
+from emgrid.planner.costing import (COUPLING_COPIES, fixed_bytes, leaf_shard_array, model_facts, mstep_peak_bytes,  # noqa: E402
+                                    shard_sums)  # noqa: E402
 from emgrid.planner.plan import BalancePlan  # noqa: E402
 
 MiB = 2**20
@@ -98,7 +99,8 @@ def terms(model, plan: BalancePlan) -> list[dict]:
         couple = COUPLING_COPIES * sums.coupling_bytes_per_row * b if m > 1 else 0.0
         out.append({"worker": w.name, "replica": w.replica, "shard": w.shard, "rows": w.rows, "block_rows": b,
                     "data": sums.data[w.shard] * w.rows, "work": (sums.work[w.shard] + sums.scratch[w.shard]) * b + couple,
-                    "params_stats": fixed_bytes(sums.param[w.shard], sums.stat[w.shard]),
+                    "params_stats": fixed_bytes(sums.param[w.shard], sums.stat[w.shard], sums.cache[w.shard],
+                                                plan.data_parallel) + mstep_peak_bytes(facts, plan.data_parallel),
                     "predicted": w.memory_bytes})
     return out
 
@@ -217,7 +219,8 @@ def measure_families(iterations: int) -> list[dict]:
         plan = balance_plan(model, Resources.uniform(1), n_data=n, grid=(1, 1))
         res = optimize(data, model, plan=plan, executor="multiprocessing", max_iter=iterations, tol=0.0)
         measured = res.worker_peak_bytes["w0"]
-        held = measured - facts.group_data.sum() * n - fixed_bytes(facts.param.sum(), facts.stat.sum())
+        held = (measured - facts.group_data.sum() * n - fixed_bytes(facts.param.sum(), facts.stat.sum(), facts.cache.sum(), 1)
+                - mstep_peak_bytes(facts, 1))
         model_w = block_bytes_per_row(tree_costs(model))
         real = held / b
         rows.append({"family": name, "block_rows": b, "model_work_bytes_per_row": model_w,

@@ -9,14 +9,18 @@ from .columns import encode_values, int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, PROB_FLOOR
-from .schema import SIMPLEX, Meta, Param, Size
+from .schema import SIMPLEX, Meta, Param, Size, frozen
 from .units import SLOW_FLOPS
 
 
-def floor_probs(p: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Probabilities lifted to ``PROB_FLOOR`` and renormalized (see ``models.floors``)."""
-    p = np.maximum(p, PROB_FLOOR)
-    return p / p.sum(axis=axis, keepdims=True)
+def floor_probs(p: np.ndarray, axis: int = -1, in_place: bool = False) -> np.ndarray:
+    """Probabilities lifted to ``PROB_FLOOR`` and renormalized (see ``models.floors``),
+    frozen (``models.schema.frozen``) for a constructor to keep as they are: a new array,
+    or ``p`` itself with ``in_place`` (a fresh array of the caller's, so an M-step makes one
+    table, not three)."""
+    p = np.maximum(p, PROB_FLOOR, out=p if in_place else None)
+    p /= p.sum(axis=axis, keepdims=True)
+    return frozen(p)
 
 
 def _inside(x: np.ndarray, v: int) -> np.ndarray | None:
@@ -119,12 +123,24 @@ class Categorical(Leaf):
         inside = _inside(x, self.n_values)
         if inside is not None:
             x, w = x[inside], w[inside]
-        return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64),)
+        return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64, copy=False),)
 
     @classmethod
     def batch_log_density(cls, leaves, x, work, offsets):
+        """``(K, n)`` log densities gathered from each leaf's own table: stacking the tables
+        first would hold a second copy of every one of them for each block."""
         if len({c.n_values for c in leaves}) == 1:
-            return _lookup(np.stack([c._logp for c in leaves]), x)
+            inside = _inside(x, leaves[0].n_values)
+            if inside is None:
+                out = np.empty((len(leaves), x.size))
+                for k, c in enumerate(leaves):
+                    np.take(c._logp, x, out=out[k])
+                return out
+            out = np.full((len(leaves), x.size), -np.inf)
+            xs = x[inside]
+            for k, c in enumerate(leaves):
+                out[k, inside] = c._logp[xs]
+            return out
         return super().batch_log_density(leaves, x, work, offsets)
 
     def _estimate(self, own, children):
@@ -132,7 +148,7 @@ class Categorical(Leaf):
         total = counts.sum()
         if total < MIN_WEIGHT:
             return self
-        return Categorical(floor_probs(counts / total), values=self.values)
+        return Categorical(floor_probs(counts / total, in_place=True), values=self.values)
 
     def _sample(self, n, rng):
         return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)
@@ -145,4 +161,4 @@ class Categorical(Leaf):
         flops = 4 + 2 * SLOW_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * v, stat_bytes=stat_bytes(arrays=[v]),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
-                        scratch_bytes_per_row=8.0)
+                        scratch_bytes_per_row=8.0, cache_bytes=8 * v)  # the log table

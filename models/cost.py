@@ -60,6 +60,17 @@ class NodeCost(BaseModel):
     #: Python-level passes one block costs the node, each ``units.NODE_CALL_S`` of
     #: interpreter time whatever the block's rows (an HMM loops over its time steps).
     calls_per_block: float = 1.0
+    #: What the node keeps beside its parameters, built from them once (a categorical's log
+    #: table, a covariance's Cholesky factors); resident for the whole fit.
+    cache_bytes: int = 0
+    #: The most the node's M-step holds at once beyond the old node and its statistics: the
+    #: new node (parameters and caches) and the temporaries that make it. None: the new
+    #: node alone (``param_bytes + cache_bytes``).
+    mstep_bytes: int | None = None
+
+    @property
+    def mstep_peak_bytes(self) -> int:
+        return self.param_bytes + self.cache_bytes if self.mstep_bytes is None else self.mstep_bytes
 
 
 def stat_bytes(*, arrays: list[int] = (), scalars: int = 0) -> int:
@@ -84,6 +95,8 @@ class PlacedCost:
     flops_per_row: float  # own FLOPs per root row
     param_bytes: int
     stat_bytes: int
+    cache_bytes: int  # NodeCost.cache_bytes
+    mstep_bytes: int  # NodeCost.mstep_peak_bytes
     data_bytes_per_row: float  # per root row
     work_bytes_per_row: float  # per root row, kept through the block's passes (they add)
     scratch_bytes_per_row: float  # per root row, while the node computes (the largest counts)
@@ -251,6 +264,8 @@ def tree_costs(model: "Node") -> list[PlacedCost]:
                 flops_per_row=flops * mult,
                 param_bytes=c.param_bytes,
                 stat_bytes=c.stat_bytes,
+                cache_bytes=c.cache_bytes,
+                mstep_bytes=c.mstep_peak_bytes,
                 data_bytes_per_row=c.data_bytes_per_row * mult,
                 work_bytes_per_row=work * mult,
                 scratch_bytes_per_row=scratch * mult,

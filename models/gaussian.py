@@ -47,6 +47,16 @@ FEATURE_MAX_DIM = 32
 #: each): the diagonal kernel's block and each component's slice of the statistics; the
 #: full kernel's block (plus a share per dimension: the products ``xc_i xc_j`` are built one
 #: row at a time) and each component's moments (``bench/results/cost_units.md``).
+#: ``FullGaussian``'s caches in ``d x d`` float64 matrices: its Cholesky factor and the
+#: whitening inverse; in a batch also its slice of the stacked whitening and (up to
+#: ``FEATURE_MAX_DIM``) half a matrix of quadratic coefficients.
+FULL_CACHE_SQUARES = 3.5
+#: ``FullGaussian``'s M-step at its peak, in ``d x d`` matrices: the new node with its caches
+#: and the temporaries that make it (centred moments, the symmetrized covariance, the
+#: eigenvalue and Cholesky work, the identity and the inverse's factorization); measured
+#: with ``tracemalloc`` on one process (``bench/memory.py``'s worker figures agree).
+FULL_MSTEP_SQUARES = 5.0
+
 DIAG_KERNEL_CALLS = 2.4
 DIAG_COMPONENT_CALLS = 0.16
 FULL_KERNEL_CALLS = 4.1
@@ -298,10 +308,12 @@ class DiagGaussian(Leaf):
     def cost(self):
         d = self.dim
         # eight passes over the (n, d) rows (a matrix-vector product counts as one)
+        # cache: its row of the stacked parameters of a batch (centred mean, precision,
+        # the 2d + 1 coefficients of its products), where its parent batches it
         return NodeCost(flops_per_row=8.0 * d + 1, param_bytes=16 * d,
                         stat_bytes=stat_bytes(arrays=[d, d], scalars=1), data_bytes_per_row=8.0 * d,
                         coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
-                        scratch_bytes_per_row=8.0 * d)
+                        scratch_bytes_per_row=8.0 * d, cache_bytes=8 * (4 * d + 1))
 
 
 class FullGaussian(Leaf):
@@ -466,7 +478,8 @@ class FullGaussian(Leaf):
         return NodeCost(flops_per_row=3.0 * d + d * SLOW_FLOPS + (4.0 * d * d + 2.0 * d) * MATMUL_FLOPS,
                         param_bytes=8 * d + 8 * d * d, stat_bytes=stat_bytes(arrays=[d, d * d], scalars=1),
                         data_bytes_per_row=8.0 * d, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
-                        scratch_bytes_per_row=16.0 * d)
+                        scratch_bytes_per_row=16.0 * d, cache_bytes=FULL_CACHE_SQUARES * 8 * d * d,
+                        mstep_bytes=FULL_MSTEP_SQUARES * 8 * d * d)
 
     @classmethod
     def batch_cost(cls, leaves) -> BatchCost:

@@ -106,4 +106,4 @@ class Mixture(Internal):
         flops = 4 * k + 6 + 4 * k * MATMUL_FLOPS + (k + 1) * VECTOR_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8 * k, stat_bytes=stat_bytes(arrays=[k]),
                         data_bytes_per_row=0.0, coupling_bytes_per_row=8.0 * k, work_bytes_per_row=8.0 * k + 16,
-                        scratch_bytes_per_row=16.0)
+                        scratch_bytes_per_row=16.0, cache_bytes=8 * k)  # the log weights

@@ -46,7 +46,7 @@ from emgrid.models.cost import ceil_log2
 
 from emgrid.models.units import NODE_CALL_S
 
-from .costing import COUPLING_COPIES, WORKER_BASE_BYTES, block_counts, compute_factor, fixed_bytes, mstep_s
+from .costing import COUPLING_COPIES, base_bytes, block_counts, compute_factor, fixed_bytes, least_fixed_bytes, mstep_s
 from .facts import ModelFacts
 from .resources import Resources
 
@@ -62,7 +62,10 @@ class Bounds:
         self.n_data = n_data
         self.tf, self.ts, self.tp = (float(x.sum()) for x in (facts.flops, facts.stat, facts.param))
         self.chain_f, self.chain_s, self.chain_p = (_chain(facts, x) for x in (facts.flops, facts.stat, facts.param))
-        fixed = fixed_bytes(facts.param, facts.stat)
+        fixed = least_fixed_bytes(facts.param, facts.stat, facts.cache)  # the split tables: any D
+        #: by whether the grid has one replica (``costing.fixed_bytes``)
+        whole = {one: fixed_bytes(facts.param, facts.stat, facts.cache, 1 if one else 2) for one in (True, False)}
+        self.base = {one: base_bytes(facts, 1 if one else 2) for one in (True, False)}
         zeros = np.zeros(facts.n_nodes)
         pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
         splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_split, facts.calls, zeros])
@@ -79,13 +82,13 @@ class Bounds:
         self.calls = float(facts.calls.sum()) * NODE_CALL_S
         self.chain_k = _chain(facts, facts.calls) * NODE_CALL_S
         self.mstep = mstep_s(facts)
-        self.fixed = float(fixed.sum())
+        self.fixed = {one: float(f.sum()) for one, f in whole.items()}
         self.data_row = float(facts.group_data.sum())
         # some worker computes the largest scratch; a split node may hold less than whole
         self.work_row = float(np.minimum(facts.work, facts.work_split).sum()
                               + np.minimum(facts.scratch, facts.scratch_split).max())
         lv = facts.leaf_nodes
-        self.leaf_fixed = fixed[lv]
+        self.leaf_fixed = {one: f[lv] for one, f in whole.items()}
         self.leaf_data = facts.data[lv]
         self.leaf_work = facts.work[lv] + facts.scratch[lv]
         self.min_column = float(facts.group_data[facts.data_group[lv]].min())
@@ -156,20 +159,24 @@ class Bounds:
         return compute * compute_factor(m) + self._comm(len(rows), m, int(max(rows))) + self.mstep
 
     # ------------------------------------------------------------ memory
-    def replica_need(self, rows: int, m: int = 1) -> float:
+    def replica_need(self, rows: int, m: int = 1, d: int = 2) -> float:
+        """The least bytes one replica of ``rows`` rows needs over its ``m`` workers (``d`` replicas)."""
         b = min(rows, self.block)
-        out = self.fixed + max(self.data_row, m * self.min_column) * rows + self.work_row * b + m * WORKER_BASE_BYTES
+        one = d == 1
+        out = (self.fixed[one] + max(self.data_row, m * self.min_column) * rows + self.work_row * b
+               + m * self.base[one])
         if m > 1:
             out += ((m - 1) * (self._sf("fixed", m) + self._sf("work", m) * b)
                     + m * b * COUPLING_COPIES * float(self.c_min[m]))
         return out
 
-    def leaf_need(self, rows: int, m: int = 1, least: bool = False) -> float:
+    def leaf_need(self, rows: int, m: int = 1, least: bool = False, d: int = 2) -> float:
         """The hungriest (``least``: the lightest) leaf's own bytes with ``rows`` rows, plus
         the split nodes' least: some worker holds the first, every worker the second."""
         b = min(rows, self.block)
-        need = self.leaf_fixed + self.leaf_data * rows + self.leaf_work * b
-        out = float(need.min() if least else need.max()) + WORKER_BASE_BYTES
+        one = d == 1
+        need = self.leaf_fixed[one] + self.leaf_data * rows + self.leaf_work * b
+        out = float(need.min() if least else need.max()) + self.base[one]
         if m > 1:
             out += self._sf("fixed", m) + self._sf("work", m) * b + b * COUPLING_COPIES * float(self.c_min[m])
         return out
@@ -179,24 +186,25 @@ class Bounds:
         if self.unknown_memory:
             return True
         rows = -(-self.n_data // d)
-        if self.leaf_need(rows, m) > self.mem_max:
+        if self.leaf_need(rows, m, d=d) > self.mem_max:
             return False
         top = min(m, len(self.mem_prefix) - 1)
-        if self.leaf_need(rows, m, least=True) > self.mem_prefix[top] - self.mem_prefix[top - 1]:
+        if self.leaf_need(rows, m, least=True, d=d) > self.mem_prefix[top] - self.mem_prefix[top - 1]:
             return False  # the m-th largest memory cannot hold even the lightest shard
-        return self.replica_need(rows, m) <= self.mem_prefix[top]
+        return self.replica_need(rows, m, d) <= self.mem_prefix[top]
 
-    def layout_fits(self, memory: np.ndarray, rows) -> bool:
+    def layout_fits(self, memory: np.ndarray, rows, d: int | None = None) -> bool:
         """False when some replica of the layout cannot hold itself (``memory[r, s]``, inf
-        for unknown)."""
+        for unknown) on a grid of ``d`` replicas (default: the layout's)."""
         m = memory.shape[1]
+        d = memory.shape[0] if d is None else d
         rows = np.asarray(rows)
         top, total, low = memory.max(axis=1), memory.sum(axis=1), memory.min(axis=1)
         for n in np.unique(rows):
             at = rows == n
             n = int(n)
-            if (self.leaf_need(n, m) > top[at].min() or self.replica_need(n, m) > total[at].min()
-                    or self.leaf_need(n, m, least=True) > low[at].min()):
+            if (self.leaf_need(n, m, d=d) > top[at].min() or self.replica_need(n, m, d) > total[at].min()
+                    or self.leaf_need(n, m, least=True, d=d) > low[at].min()):
                 return False
         return True
 

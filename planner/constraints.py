@@ -43,6 +43,13 @@ class Instance:
     block_rows: int
     scale: Scale
     time_cap: int
+    #: the replicas whose memory model applies (``costing.fixed_bytes``): ``d``, or the
+    #: grid's when the program is a one-replica relaxation of it (``Search.relax``)
+    memory_d: int = 0
+
+    @property
+    def replicas_for_memory(self) -> int:
+        return self.memory_d or self.d
 
     @property
     def rows_max(self) -> int:
@@ -206,11 +213,14 @@ def _per_shard_max(model, v: ShardVars, inst: Instance, field: str, k: float, na
 
 def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """For every column ``s`` and binding replica ``r`` (rows ``n``, block ``b = min(n, B)``):
-    ``sum_g data_g n z[g][s] + sum_v (work_v b + 3 (param_v + stat_v)) e[v][s] + b X + [M > 1] 2 b C
-    <= limit``, coefficients rounded up, where ``z[g][s] >= e[v][s]`` for every node ``v``
+    ``sum_g data_g n z[g][s] + sum_v (work_v b + H_v(D)) e[v][s] + b X + [M > 1] 2 b C
+    <= limit - A(D)`` (``H`` and ``A``: ``costing.fixed_bytes`` and ``costing.base_bytes``), coefficients rounded up, where ``z[g][s] >= e[v][s]`` for every node ``v``
     reading data column ``g`` (one copy of a column per shard) and ``X >= scratch_v e[v][s]``
     (the shard's largest scratch)."""
     ut, sc = inst.ut, inst.scale
+    # costing.base_bytes, from the unit tree's copy of the model's largest M-step
+    one = inst.replicas_for_memory
+    base = WORKER_BASE_BYTES + (ut.mstep_peak if one == 1 else 0.0)
     coef = inst.couple_coef()
     members: dict[int, list[tuple[str, int]]] = {}
     for u, groups in enumerate(ut.unit_groups):
@@ -243,19 +253,19 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
             column_terms.append((float(ut.group_data[g]), lits))
         for n, limit in pairs:
             b = min(n, inst.block_rows)
-            cap = max(-1, sc.bytes_limit(limit - WORKER_BASE_BYTES))  # -1: nothing fits
+            cap = max(-1, sc.bytes_limit(limit - base))  # -1: nothing fits
             couple = (np.array([sc.bytes_up(COUPLING_COPIES * b * c) for c in coef]) if inst.m > 1
                       else np.zeros(0, dtype=np.int64))
             top = cap + 1 - int(couple[couple < 0].sum())  # a larger coefficient forbids its variable just the same
 
             def need(cost):
-                return cost["work"] * b + fixed_bytes(cost["param"], cost["stat"])
+                return cost["work"] * b + fixed_bytes(cost["param"], cost["stat"], cost["cache"], one)
 
             def coefs(values):
                 return np.array([min(top, sc.bytes_up(x)) for x in values])
 
             ic = ut.internal_cost
-            split_need = ic["work_split"] * b + fixed_bytes(ic["param"], ic["stat"])
+            split_need = ic["work_split"] * b + fixed_bytes(ic["param"], ic["stat"], ic["cache"], one)
             expr = v.evaluated_sum(coefs(need(ut.unit_cost)), coefs(need(ic)), s, coefs(split_need)) + v.evaluated_max(
                 model, coefs(ut.unit_cost["scratch"] * b), coefs(ic["scratch"] * b), s, f"scratch[{s},{n}]",
                 coefs(ic["scratch_split"] * b))

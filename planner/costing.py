@@ -49,13 +49,20 @@ The total is the sum of the five terms (the phases are synchronous).
 
 Memory of worker ``(r, s)`` (bytes, its predicted peak)::
 
-    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] 2 C * b_r + 3 * (P_s + S_s) + A
+    D_s * rows_r + (W_s + X_s) * b_r + [M > 1] 2 C * b_r + H_s(D) + A(D)
+
+    H_s(D) = 3 (P_s + S_s)          for D > 1
+             P_s + S_s + Q_s        for D = 1
+    A(D)   = A0 + [D = 1] max_v U_v
 
 its rows of data (the leaves' columns and the split nodes' offsets), one block of working
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
 largest scratch), two copies of one block's exchanged log densities
-(:data:`COUPLING_COPIES`), three copies of its parameters
-and statistics (:data:`PARAM_STAT_COPIES`), and ``A`` (:data:`WORKER_BASE_BYTES`); the worker of cell ``(0, 0)`` adds
+(:data:`COUPLING_COPIES`), its parameters and statistics (:func:`fixed_bytes`: three copies
+when a column's reduce and new subtrees move them, :data:`PARAM_STAT_COPIES`; with one
+replica once, with the kernels' caches ``Q_s``), and ``A`` (:func:`base_bytes`: the fixed
+:data:`WORKER_BASE_BYTES`, with one replica also the largest node M-step ``U_v``,
+:func:`mstep_peak_bytes`); the worker of cell ``(0, 0)`` adds
 :func:`coordinator_bytes` when it also coordinates (``Resources.coordinator_in_grid``). A worker
 whose memory is unknown (``None``) is unconstrained; a plan using one
 reports ``fits=None`` unless a known worker already overflows.
@@ -78,10 +85,12 @@ from .plan import Breakdown, WorkerLoad
 from .resources import Resources
 
 
-#: Copies of a worker's parameters and statistics at its peak: the model it evaluates, the
-#: statistics it folds, and one more of either in transit (statistics pickled for the
-#: reduce, the next model arriving with its pickle). ``bench/memory.py`` measures it on a
-#: categorical mixture whose tables dominate (``bench/results/memory.md``).
+#: Copies of a worker's parameters and statistics at its peak when its shard's column has
+#: other replicas (``D > 1``): the model it evaluates, the statistics it folds, and one
+#: more of either in transit (a partial sum received in the column's reduce, the head's
+#: new subtrees pickled for its column, the next model arriving). ``bench/memory.py``
+#: measures it on a categorical mixture whose tables dominate (``bench/results/memory.md``).
+#: With ``D = 1`` nothing is in transit: see :func:`fixed_bytes`.
 PARAM_STAT_COPIES = 3.0
 
 
@@ -130,9 +139,34 @@ def compute_factor(m: int) -> float:
     return 1.0 + SYNC_WAIT_SHARE if m > 1 else 1.0
 
 
-def fixed_bytes(param, stat):
-    """A worker's bytes for parameters and statistics (``PARAM_STAT_COPIES`` copies)."""
+def fixed_bytes(param, stat, cache, d: int):
+    """A worker's bytes for parameters and statistics on a grid of ``d`` replicas.
+
+    ``d > 1``: :data:`PARAM_STAT_COPIES` copies. ``d = 1``: what the worker holds, once:
+    parameters, statistics and the kernels' caches (``NodeCost.cache_bytes``), its column
+    being itself (no reduce, no new subtrees to send); its M-step's peak is
+    :func:`mstep_peak_bytes`, added once per worker."""
+    if d == 1:
+        return param + stat + cache
     return PARAM_STAT_COPIES * (param + stat)
+
+
+def least_fixed_bytes(param, stat, cache):
+    """The smaller of :func:`fixed_bytes` over every ``d`` (for bounds that hold on every grid)."""
+    return np.minimum(fixed_bytes(param, stat, cache, 1), fixed_bytes(param, stat, cache, 2))
+
+
+def mstep_peak_bytes(facts: ModelFacts, d: int) -> float:
+    """What a worker of a ``d = 1`` grid holds beyond :func:`fixed_bytes` while it
+    re-estimates its subtrees (``executors.mstep.estimate_releasing``: one node at a time
+    is held twice): the model's largest ``NodeCost.mstep_peak_bytes``, the same for every
+    shard so that it stays a constant of the program. 0 for ``d > 1``, whose copies cover it."""
+    return float(facts.mstep.max(initial=0.0)) if d == 1 else 0.0
+
+
+def base_bytes(facts: ModelFacts, d: int) -> float:
+    """Every worker's bytes that no placement changes: :data:`WORKER_BASE_BYTES` and the M-step's peak."""
+    return WORKER_BASE_BYTES + mstep_peak_bytes(facts, d)
 
 
 # ---------------------------------------------------------------- assignment -> shard sums
@@ -145,6 +179,7 @@ class ShardSums:
     flops: np.ndarray  # F_s, per root row
     param: np.ndarray  # P_s
     stat: np.ndarray  # S_s
+    cache: np.ndarray  # the caches kept beside P_s
     data: np.ndarray  # D_s, per root row: every data column the shard touches, once
     work: np.ndarray  # W_s, per root row
     scratch: np.ndarray  # X_s, per root row: the largest scratch of the nodes the shard evaluates
@@ -193,7 +228,7 @@ def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     bounds = np.searchsorted(leaf_shard[order], np.arange(n_shards + 1))
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
     return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
-                     stat=per_shard(facts.stat), data=data, work=per_shard(facts.work, facts.work_split),
+                     stat=per_shard(facts.stat), cache=per_shard(facts.cache), data=data, work=per_shard(facts.work, facts.work_split),
                      scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple,
                      split_param=float(facts.param[split].sum()), split_stat=float(facts.stat[split].sum()),
                      leaves=leaves)
@@ -223,11 +258,11 @@ def mstep_s(facts: ModelFacts) -> float:
     return ITERATION_S + facts.n_nodes * ESTIMATE_S
 
 
-def leaf_bytes(facts: ModelFacts, rows: int, block: int) -> np.ndarray:
-    """Every leaf's own share of a worker's memory with ``rows`` rows (blocks of ``block``):
-    its parameters and statistics, its data, its working arrays."""
+def leaf_bytes(facts: ModelFacts, rows: int, block: int, d: int) -> np.ndarray:
+    """Every leaf's own share of a worker's memory with ``rows`` rows (blocks of ``block``)
+    on a grid of ``d`` replicas: its parameters and statistics, its data, its working arrays."""
     lv = facts.leaf_nodes
-    return (fixed_bytes(facts.param, facts.stat)[lv] + facts.data[lv] * rows
+    return (fixed_bytes(facts.param, facts.stat, facts.cache, d)[lv] + facts.data[lv] * rows
             + (facts.work + facts.scratch)[lv] * block)
 
 
@@ -310,7 +345,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     seconds = flops / speed + block_counts(rows_f, facts.block_rows)[:, None] * (NODE_CALL_S * sums.calls)[None, :]
     memory = (sums.data[None, :] * rows_f[:, None]
               + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
-              + fixed_bytes(sums.param, sums.stat)[None, :] + WORKER_BASE_BYTES)
+              + fixed_bytes(sums.param, sums.stat, sums.cache, d)[None, :] + base_bytes(facts, d))
     memory[0, 0] += coordinator_bytes(facts, resources)
     limit = memories[grid]
     known = np.isfinite(limit)

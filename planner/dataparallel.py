@@ -35,7 +35,7 @@ import numpy as np
 from emgrid.models.cost import ceil_log2
 from emgrid.models.units import NODE_CALL_S
 
-from .costing import WORKER_BASE_BYTES, coordinator_bytes, fixed_bytes, mstep_s, shard_sums
+from .costing import base_bytes, coordinator_bytes, fixed_bytes, mstep_s, shard_sums
 from .facts import ModelFacts, worker_arrays
 from .resources import Resources
 
@@ -58,9 +58,11 @@ class DataParallel:
 
 
 class Workers:
-    """Per-worker row limits of the whole model (``M = 1``)."""
+    """Per-worker row limits of the whole model (``M = 1``) on grids of ``d`` replicas (the
+    memory with one replica differs from that with several: ``costing.fixed_bytes``; any
+    ``d > 1`` gives the same limits)."""
 
-    def __init__(self, facts: ModelFacts, resources: Resources, n_data: int):
+    def __init__(self, facts: ModelFacts, resources: Resources, n_data: int, d: int = 2):
         sums = shard_sums(facts, np.zeros(facts.n_leaves, dtype=np.int64), 1)
         self.n = n_data
         self.speed, mem = worker_arrays(resources)
@@ -68,7 +70,7 @@ class Workers:
         self.visit = NODE_CALL_S * float(sums.calls[0])
         self.block = facts.block_rows
         self.p = len(self.speed)
-        base = fixed_bytes(sums.param[0], sums.stat[0]) + WORKER_BASE_BYTES
+        base = fixed_bytes(sums.param[0], sums.stat[0], sums.cache[0], d) + base_bytes(facts, d)
         per_block = float(sums.work[0] + sums.scratch[0])  # M = 1: no coupling copies
         self.cap = self._memory_rows(float(sums.data[0]), per_block, base, mem)
         self.cap_coord = self._memory_rows(float(sums.data[0]), per_block, base + coordinator_bytes(facts, resources),
@@ -153,13 +155,15 @@ class Workers:
 
 def solve_groups(facts: ModelFacts, resources: Resources, n_data: int, ds: list[int]) -> list[DataParallel]:
     """The optimal data-parallel plan of every ``L(D)`` group among the replica counts ``ds``."""
-    wk = Workers(facts, resources, n_data)
+    wk_many = Workers(facts, resources, n_data)
+    sole = Workers(facts, resources, n_data, d=1)  # the group L(D) = 0 is D = 1 alone
     groups: dict[int, list[int]] = {}
     for d in ds:
         groups.setdefault(ceil_log2(d), []).append(d)
     out = []
-    t_max = float(wk.seconds(n_data, wk.speed).max())
+    t_max = float(wk_many.seconds(n_data, wk_many.speed).max())
     for level, members in sorted(groups.items()):
+        wk = sole if level == 0 else wk_many
         d_lo, d_hi = min(members), max(members)
         comm = level * wk.comm_per_level + wk.mstep
         if wk.choose(t_max, d_lo, d_hi) is None:

@@ -36,6 +36,8 @@ class ModelFacts:
     flops: np.ndarray  # own FLOPs per root row
     param: np.ndarray
     stat: np.ndarray
+    cache: np.ndarray  # bytes kept beside the parameters (``NodeCost.cache_bytes``)
+    mstep: np.ndarray  # the node's M-step's peak beyond the old node (``NodeCost.mstep_peak_bytes``)
     data: np.ndarray  # bytes per root row
     work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
     scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
@@ -124,6 +126,8 @@ def _build_facts(model: Node) -> ModelFacts:
         flops=arr("flops_per_row"),
         param=arr("param_bytes"),
         stat=arr("stat_bytes"),
+        cache=arr("cache_bytes"),
+        mstep=arr("mstep_bytes"),
         data=data,
         work=arr("work_bytes_per_row"),
         scratch=arr("scratch_bytes_per_row"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costing import WORKER_BASE_BYTES, fixed_bytes
+from .costing import base_bytes, fixed_bytes
 from .facts import ModelFacts, worker_arrays
 from .resources import Resources
 from .units import UnitTree
@@ -38,7 +38,8 @@ class Columns:
     a: np.ndarray  # seconds per (FLOP per root row) of each column: max_r rows_r / speed(r, s)
     rows_hi: np.ndarray  # the largest row count of each column
     block_hi: np.ndarray  # min(rows_hi, block rows)
-    cap: np.ndarray  # smallest known memory of each column (inf when unknown)
+    cap: np.ndarray  # smallest known memory of each column less the base bytes (inf when unknown)
+    d: int  # replicas of the layout
 
     @property
     def m(self) -> int:
@@ -53,7 +54,7 @@ class Packing:
         c = ut.unit_cost
         self.ut = ut
         self.cols = cols
-        self.base = c["work"][:, None] * cols.block_hi[None, :] + fixed_bytes(c["param"], c["stat"])[:, None]
+        self.base = c["work"][:, None] * cols.block_hi[None, :] + fixed_bytes(c["param"], c["stat"], c["cache"], cols.d)[:, None]
         self.scratch = c["scratch"][:, None] * cols.block_hi[None, :]
         self.group_bytes = ut.group_data[:, None] * cols.rows_hi[None, :]
         self.touched = np.zeros((len(ut.group_data), cols.m), dtype=bool)
@@ -77,14 +78,16 @@ class Packing:
             self.touched[g, s] = True
 
 
-def columns(facts: ModelFacts, resources: Resources, grid, rows) -> Columns:
+def columns(facts: ModelFacts, resources: Resources, grid, rows, d: int | None = None) -> Columns:
+    """The columns of layout ``grid``; ``d``: the replicas whose memory applies (default the layout's)."""
     g = np.asarray(grid, dtype=np.int64)
+    d = g.shape[0] if d is None else d
     speeds, memories = worker_arrays(resources)
     speed, mem = speeds[g], memories[g]
     rows_f = np.asarray(rows, dtype=np.float64)[:, None]
     hi = np.broadcast_to(rows_f, g.shape).max(axis=0)
     return Columns(a=(rows_f / speed).max(axis=0), rows_hi=hi, block_hi=np.minimum(hi, float(facts.block_rows)),
-                   cap=mem.min(axis=0) - WORKER_BASE_BYTES)
+                   cap=mem.min(axis=0) - base_bytes(facts, d), d=d)
 
 
 def _fix_empty(unit_shard: np.ndarray, weights: np.ndarray, m: int) -> np.ndarray:

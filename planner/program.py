@@ -24,8 +24,9 @@ from .variables import ShardVars
 
 
 def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, block_rows: int, scale: Scale,
-                  reference_s: float, coordinator_bytes: float = 0.0) -> Instance:
-    """The program data of ``layout`` with ``rows`` per replica; ``coordinator_bytes`` come
+                  reference_s: float, coordinator_bytes: float = 0.0, memory_d: int = 0) -> Instance:
+    """The program data of ``layout`` with ``rows`` per replica; ``memory_d``: the replicas
+    whose memory model applies (0: the layout's own, see ``Instance.memory_d``); ``coordinator_bytes`` come
     off the memory of cell ``(0, 0)`` (``Resources.coordinator_in_grid``), which makes
     column 0 a symmetry class of its own. ``scale`` is coarsened when the upper bound of the
     time variables (:func:`time_upper_s`) would not fit it; ``inst.scale`` is the one used."""
@@ -66,7 +67,7 @@ def make_instance(ut: UnitTree, resources: Resources, layout: Layout, rows, bloc
                     mem_rows=tuple(mem_rows),
                     classes=tuple(tuple(c) for c in profiles.values()), latency_s=net.latency_s,
                     bytes_per_s=net.bytes_per_s, block_rows=block_rows, scale=scale,
-                    time_cap=scale.time_cap(upper))
+                    time_cap=scale.time_cap(upper), memory_d=memory_d)
 
 
 def time_upper_s(ut: UnitTree, d: int, m: int, compute_pairs, bytes_per_s: float) -> float:

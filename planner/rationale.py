@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .bounds import Bounds
-from .costing import fixed_bytes, leaf_bytes
+from .costing import fixed_bytes, leaf_bytes, least_fixed_bytes
 from .explain import fmt_bytes, fmt_s, share, straggler
 from .facts import ModelFacts
 from .plan import BalancePlan
@@ -54,7 +54,7 @@ def grid_rationale(plan: BalancePlan, facts: ModelFacts, resources: Resources, b
             other = f"{span} cannot hold a replica in memory; {other}"
         if other is None:
             largest = max((w.memory_bytes for w in resources.workers if w.memory_bytes is not None), default=None)
-            need = fixed_bytes(facts.param.sum(), facts.stat.sum())
+            need = float(least_fixed_bytes(facts.param.sum(), facts.stat.sum(), facts.cache.sum()))
             parts.append(f"M={m} forced by memory: no plan with fewer shards fits (parameters and statistics "
                          f"alone need {fmt_bytes(need)} per replica; the largest worker has {fmt_bytes(largest)})")
         elif d == n and n * m < p:
@@ -95,26 +95,26 @@ def infeasible_message(facts: ModelFacts, resources: Resources, n_data: int, gri
     rows = -(-n_data // d_best)
     block = min(rows, facts.block_rows)
     lv = facts.leaf_nodes
-    need = leaf_bytes(facts, rows, block)
+    need = leaf_bytes(facts, rows, block, d_best)
     k = int(need.argmax())
     v = int(lv[k])
     if need[k] > largest:
         return (f"leaf {facts.paths[v] or '<root>'} ({facts.descriptions[v]}) needs {fmt_bytes(need[k])}{where} (parameters and "
-                f"statistics {fmt_bytes(fixed_bytes(facts.param[v], facts.stat[v]))}, {rows} row(s) of data "
+                f"statistics {fmt_bytes(fixed_bytes(facts.param[v], facts.stat[v], facts.cache[v], d_best))}, {rows} row(s) of data "
                 f"{fmt_bytes(facts.data[v] * rows)}, working arrays {fmt_bytes((facts.work[v] + facts.scratch[v]) * block)}); the largest "
                 f"worker has {fmt_bytes(largest)}: add memory, or more workers to spread the rows")
 
     def ratio(g):
         d, m = g
         cap = bounds.mem_prefix[min(m, len(bounds.mem_prefix) - 1)]
-        return bounds.replica_need(-(-n_data // d), m) / cap
+        return bounds.replica_need(-(-n_data // d), m, d) / cap
 
     d, m = min(grids, key=ratio)
     r = -(-n_data // d)
     cap = bounds.mem_prefix[min(m, len(bounds.mem_prefix) - 1)]
     b = min(r, facts.block_rows)
-    head = (f"one replica of {r} row(s) needs at least {fmt_bytes(bounds.replica_need(r, m))} (parameters and statistics "
-            f"{fmt_bytes(bounds.fixed)}, data {fmt_bytes(bounds.data_row * r)}, working arrays "
+    head = (f"one replica of {r} row(s) needs at least {fmt_bytes(bounds.replica_need(r, m, d))} (parameters and statistics "
+            f"{fmt_bytes(bounds.fixed[d == 1])}, data {fmt_bytes(bounds.data_row * r)}, working arrays "
             f"{fmt_bytes(bounds.work_row * b)})")
     if ratio((d, m)) > 1:
         return (f"no grid{where} fits: even on the most favourable, {d}x{m}, {head}, but the {m} largest worker(s) "

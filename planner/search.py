@@ -333,9 +333,9 @@ class Search:
         best = math.inf
         extra = bounds.replica_comm(d, m)
         for layout in layouts:
-            if not bounds.layout_fits(memory_of[np.asarray(layout.grid)], rows):
+            if not bounds.layout_fits(memory_of[np.asarray(layout.grid)], rows, d):
                 continue
-            cols = columns(self.facts, self.resources, layout.grid, rows)
+            cols = columns(self.facts, self.resources, layout.grid, rows, d)
             lb = bounds.layout_bound(m, cols.a, rows, worker_arrays(self.resources)[0][np.asarray(layout.grid)])
             if lb + extra >= best:
                 continue
@@ -346,14 +346,14 @@ class Search:
             hint = HEURISTICS["lpt"](self.coarse, cols)
             ref = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)[0]
             q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint, hint_total=ref)
-            got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False)
+            got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False, memory_d=d)
             best = min(best, got + extra)
         return best
 
-    def program(self, q: Queued, remaining: float, offer: bool = True) -> float:
+    def program(self, q: Queued, remaining: float, offer: bool = True, memory_d: int = 0) -> float:
         """Solves one layout's program; returns the bound it establishes. ``offer=False``
         (a relaxation, :meth:`relax`): the solution is not a plan, and the coordinator's
-        bytes are dropped."""
+        bytes are dropped; ``memory_d``: the relaxed grid's replicas, whose memory applies."""
         self.counts["programs"] += 1
         ref = self.best.total if self.best is not None else q.hint_total
         if not math.isfinite(ref) or ref <= 0:
@@ -361,7 +361,7 @@ class Search:
         max_mem = max([w.memory_bytes or 0 for w in self.resources.workers] + [1])
         inst = make_instance(self.coarse, self.resources, q.layout, q.rows, self.facts.block_rows,
                              Scale.for_instance(ref, max_mem), ref,
-                             coordinator_bytes(self.facts, self.resources) if offer else 0.0)
+                             coordinator_bytes(self.facts, self.resources) if offer else 0.0, memory_d)
         scale = inst.scale
         hint = q.hint
         res = solve_program(inst, hint, self.cfg, remaining)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .facts import ModelFacts
 
-COST_FIELDS = ("flops", "param", "stat", "data", "work", "calls")
+COST_FIELDS = ("flops", "param", "stat", "cache", "data", "work", "calls")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +46,7 @@ class UnitTree:
     unit_groups: tuple[tuple[int, ...], ...]  # data columns (with bytes) each unit reads
     internal_group: np.ndarray  # data column an expanded node reads itself, -1 for none
     group_data: np.ndarray  # bytes per root row of every data column
+    mstep_peak: float  # the largest node M-step's bytes (``costing.mstep_peak_bytes`` with D = 1)
 
     @property
     def n_units(self) -> int:
@@ -155,6 +156,7 @@ def build_units(facts: ModelFacts, max_units: int) -> UnitTree:
         grouped=any(len(lv) > 1 for lv in unit_leaves), unit_groups=tuple(unit_groups),
         internal_group=np.array([int(facts.data_group[v]) if has_data[v] else -1 for v in expanded], dtype=np.int64),
         group_data=facts.group_data,
+        mstep_peak=float(facts.mstep.max(initial=0.0)),
     )
 
 

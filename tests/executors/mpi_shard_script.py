@@ -31,7 +31,7 @@ ITERATIONS = 5
 N = 300
 #: the memory fit: a composite of ``BIG_LEAVES`` categoricals of ``BIG_VALUES`` values,
 #: planned for ``MEMORY_WORKERS`` workers
-BIG_LEAVES, BIG_VALUES, MEMORY_WORKERS, MEMORY_N = 8, 1_000_000, 8, 200
+BIG_LEAVES, BIG_VALUES, MEMORY_WORKERS, MEMORY_N = 32, 250_000, 4, 200
 
 
 def mixture_of_composites(shift: float = 0.0) -> Mixture:

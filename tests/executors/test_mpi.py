@@ -146,8 +146,9 @@ def test_mpiexec_fits_sharded_models_as_the_local_executor_on_every_grid(sharded
 
 @needs_mpiexec
 def test_a_model_larger_than_every_workers_memory_is_planned_and_fitted_under_mpiexec(tmp_path):
-    # 8 workers (oversubscribed): a worker holds three copies of its shard's parameters and
-    # statistics (planner.costing), which on 4 workers come to more than the whole model's parameters
+    # 4 workers of less memory than the model's parameters: on 1x4 each holds its shard's
+    # parameters, statistics and log tables once, and one leaf twice in its M-step
+    # (planner.costing.fixed_bytes with D = 1)
     from emgrid.planner import balance_plan
 
     from .mpi_shard_script import MEMORY_WORKERS, memory_case, memory_limit, memory_resources, param_bytes

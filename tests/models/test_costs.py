@@ -30,7 +30,21 @@ def test_every_node_reports_a_nonnegative_cost(m):
         c = node.cost()
         assert isinstance(c, NodeCost)
         for name, value in c.model_dump().items():
+            if name == "mstep_bytes" and value is None:  # the new node alone (mstep_peak_bytes)
+                continue
             assert np.isfinite(value) and value >= 0, (node.describe(), name, value)
+        assert c.mstep_peak_bytes >= 0
+
+
+@given(m=S.models())
+def test_cache_bytes_cover_the_arrays_a_node_keeps_beside_its_parameters(m):
+    # what each node holds built from its parameters (log tables, Cholesky factors), which
+    # the planner charges a worker with one replica once (planner.costing.fixed_bytes)
+    note(json.dumps(m.to_spec()))
+    for path, node in m.nodes():
+        params = {id(v) for v in node.params().values()}
+        kept = sum(v.nbytes for v in vars(node).values() if isinstance(v, np.ndarray) and id(v) not in params)
+        assert kept <= node.cost().cache_bytes, (path, node.describe(), kept, node.cost().cache_bytes)
 
 
 @given(m=S.models())

@@ -75,7 +75,7 @@ from emgrid.models.base import Node
 from emgrid.models.cost import ceil_log2
 from emgrid.models.units import NODE_CALL_S
 from emgrid.planner import BalancePlan, Resources, plan_from_assignment, validate_plan
-from emgrid.planner.costing import (COUPLING_COPIES, WORKER_BASE_BYTES, compute_factor, coordinator_bytes,
+from emgrid.planner.costing import (COUPLING_COPIES, base_bytes, compute_factor, coordinator_bytes,
                                     fixed_bytes, mstep_s, shard_sums)
 from emgrid.planner.facts import model_facts
 
@@ -134,21 +134,25 @@ class Shards:
     call_s: tuple[float, ...]  # c K_s (NODE_CALL_S * calls)
     data: tuple[float, ...]  # bytes per row
     block: tuple[float, ...]  # bytes per row of a block: work + scratch + coupling copies
-    fixed: tuple[float, ...]  # parameter and statistic copies
+    fixed: tuple[float, ...]  # parameter and statistic copies (``costing.fixed_bytes`` for its grid's D)
+    base: float  # bytes every worker holds whatever its shard (``costing.base_bytes``)
     couple: float  # coupling bytes per row (0 for M = 1)
     max_stat: float
     max_param: float
     split_param: float
 
 
-def shards_of(facts, leaf_shard: tuple[int, ...], m: int) -> Shards:
+def shards_of(facts, leaf_shard: tuple[int, ...], m: int, d: int) -> Shards:
+    """The sums of one leaf partition, with the memory of a grid of ``d`` replicas (one
+    replica or several: the two memory models of ``costing.fixed_bytes``)."""
     ss = shard_sums(facts, np.array(leaf_shard, dtype=np.int64), m)
     couple = ss.coupling_bytes_per_row if m > 1 else 0.0
     block = ss.work + ss.scratch + COUPLING_COPIES * couple
     return Shards(leaf_shard=leaf_shard, m=m, flops=tuple(float(x) for x in ss.flops),
                   call_s=tuple(float(x) for x in NODE_CALL_S * ss.calls), data=tuple(float(x) for x in ss.data),
                   block=tuple(float(x) for x in block),
-                  fixed=tuple(float(x) for x in fixed_bytes(ss.param, ss.stat)), couple=float(couple),
+                  fixed=tuple(float(x) for x in fixed_bytes(ss.param, ss.stat, ss.cache, d)),
+                  base=base_bytes(facts, d), couple=float(couple),
                   max_stat=float(ss.stat.max()), max_param=float(ss.param.max()), split_param=float(ss.split_param))
 
 
@@ -170,12 +174,12 @@ def _cell_cap(sh: Shards, s: int, mem: int, block_rows: int, n_max: int, extra: 
 
     def fits(n: int) -> bool:
         nf = float(n)
-        need = data * nf + blk * min(nf, b) + fixed + WORKER_BASE_BYTES
+        need = data * nf + blk * min(nf, b) + fixed + sh.base
         if extra:
             need += extra
         return math.ceil(need) <= mem
 
-    room = mem - (fixed + WORKER_BASE_BYTES + extra)
+    room = mem - (fixed + sh.base + extra)
     if room < 0:
         guess = 0
     elif data + blk <= 0:
@@ -427,24 +431,25 @@ def search(model: Node, resources: Resources, n_data: int, grid: tuple[int, int]
                                              for d in range(1, min(n, W // m) + 1)]
 
     @lru_cache(maxsize=None)
-    def shards(leaf_shard, m):
-        return shards_of(facts, leaf_shard, m)
+    def shards(leaf_shard, m, d):
+        return shards_of(facts, leaf_shard, m, min(d, 2))  # memory: one replica or several
 
     @lru_cache(maxsize=None)
-    def cell(leaf_shard, m, s, k, coordinates):
+    def cell(leaf_shard, m, d, s, k, coordinates):
         """``(rows cap, per-row time slope, time of one row)`` of shard ``s`` on a worker of
-        type ``k`` (with the coordinator's bytes when ``coordinates``)."""
-        sh = shards(leaf_shard, m)
+        type ``k`` (with the coordinator's bytes when ``coordinates``) in a grid of ``d`` replicas."""
+        sh = shards(leaf_shard, m, min(d, 2))
         (v, mem), _ = types[k]
         u = n if mem is None else _cell_cap(sh, s, mem, B, n, coord_extra if coordinates else 0.0)
         f, c = sh.flops[s], sh.call_s[s]
         return u, f / v + c / B, (1 * f) / v + 1 * c
 
     def replicas(leaf_shard, m, tps):
-        sh = shards(leaf_shard, m)
+        d = len(tps)
+        sh = shards(leaf_shard, m, min(d, 2))
         out = []
         for r, tp in enumerate(tps):
-            u = min(cell(leaf_shard, m, s, k, coordinator and r == 0 and s == 0)[0] for s, k in enumerate(tp))
+            u = min(cell(leaf_shard, m, min(d, 2), s, k, coordinator and r == 0 and s == 0)[0] for s, k in enumerate(tp))
             out.append(Replica(sh, tuple(types[k][0][0] for k in tp), tuple(types[k][0][1] for k in tp), B, n,
                                0.0, u=u))
         return out
@@ -455,11 +460,11 @@ def search(model: Node, resources: Resources, n_data: int, grid: tuple[int, int]
         placements = list(_placements(len(types), counts, d, m, coordinator))
         for labels in set_partitions(L, m):
             for leaf_shard in column_labellings(labels, m, coordinator):
-                sh = shards(leaf_shard, m)
+                sh = shards(leaf_shard, m, min(d, 2))
                 const = _const(sh, ld, lm, lat, bw)
                 h_lb = _h(-(-n // d), m, lm, lat, bw, B, sh.couple)
-                table = [[cell(leaf_shard, m, s, k, False) for k in range(len(types))] for s in range(m)]
-                first = [cell(leaf_shard, m, 0, k, coordinator) for k in range(len(types))]
+                table = [[cell(leaf_shard, m, min(d, 2), s, k, False) for k in range(len(types))] for s in range(m)]
+                first = [cell(leaf_shard, m, min(d, 2), 0, k, coordinator) for k in range(len(types))]
                 for tps in placements:
                     fit, inv_alpha, g1, room = True, 0.0, 0.0, 0
                     for r, tp in enumerate(tps):
@@ -489,7 +494,7 @@ def search(model: Node, resources: Resources, n_data: int, grid: tuple[int, int]
         if bound >= best:
             break
         searched += 1
-        sh = shards(leaf_shard, m)
+        sh = shards(leaf_shard, m, min(d, 2))
         lm, ld = ceil_log2(m), ceil_log2(d)
         const = _const(sh, ld, lm, lat, bw)
         rs = RowSearch(replicas(leaf_shard, m, tps), n, m,
@@ -526,7 +531,7 @@ def best_rows(model: Node, resources: Resources, n_data: int, leaf_shard, placem
     n = int(n_data)
     grid = [list(row) for row in placement]
     d, m = len(grid), len(grid[0])
-    sh = shards_of(facts, tuple(int(s) for s in leaf_shard), m)
+    sh = shards_of(facts, tuple(int(s) for s in leaf_shard), m, d)
     net = resources.network
     lm, ld = ceil_log2(m), ceil_log2(d)
     const = _const(sh, ld, lm, net.latency_s, net.bytes_per_s)
