@@ -100,7 +100,9 @@ def markdown(results: dict) -> str:
             f"(n_data = {N_DATA:,}, solver time limit {SOLVER.time_limit_s} s; parameters = the model's parameter bytes; "
             f"the search stops at k = {K_MAX}). `before` is the code before the sharded M-step (commit 9f2c9a5), whose "
             "plans charged the coordinator's cell 2.5 copies of the whole model; `after` charges it the internal nodes "
-            "only.\n\n" + table(results) + "\n")
+            "only; `one-replica` (commit c5c17ef) plans a worker of a one-replica grid for what it holds once: its "
+            "parameters, statistics and the kernels' caches, and one node's M-step (`planner.costing.fixed_bytes`), "
+            "where `after` charged every worker three copies of its parameters and statistics.\n\n" + table(results) + "\n")
 
 
 def main() -> int:

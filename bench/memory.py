@@ -237,7 +237,9 @@ def markdown(rows: list[dict], families: list[dict], meta: dict) -> str:
              f"{meta['date']}, {meta['machine']}).", "",
              "Predicted: the plan's `per_worker[i].memory_bytes` = data (the worker's rows of its columns) + "
              "work (one block of working arrays: block rows x (the kept bytes of the nodes it evaluates + their largest scratch), plus exchanged log "
-             "densities) + 3 x (parameters + statistics): the model, the statistics, one more of either in transit. Measured: the worker's peak RSS above its "
+             "densities) + params+stats: with several replicas 3 x (parameters + statistics), the model, the statistics, one more of either in transit; "
+             "with one replica parameters + statistics + the kernels' caches, plus the model's largest single-node M-step "
+             "(`planner.costing.fixed_bytes`, `mstep_peak_bytes`). Measured: the worker's peak RSS above its "
              "baseline (after imports and a 4-row warm-up E-step, before it maps its rows). MiB.", "",
              "| model | grid | worker | rows | data | work | params+stats | **predicted** | **measured** | "
              "measured/predicted | within 25% | measured - data |",
