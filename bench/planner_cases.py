@@ -76,10 +76,13 @@ class Case:
         mem = None
         if self.memory == "tight":
             facts = model_facts(model)
-            rows = -(-self.n_data // max(1, self.tight_replicas or self.workers // 4))
-            need = evaluate(facts, Resources.uniform(1), rows, np.zeros(facts.n_leaves, dtype=np.int64),
-                            [[0]]).loads[0].memory_bytes
-            leaf = float(leaf_bytes(facts, rows, min(rows, facts.block_rows)).max())
+            d = min(self.n_data, max(1, self.tight_replicas or self.workers // 4))
+            rows = -(-self.n_data // d)
+            # a worker's need for the whole model in a grid of d replicas (one replica holds
+            # its parameters once, several three times: planner.costing.fixed_bytes)
+            need = evaluate(facts, Resources.uniform(d), rows * d, np.zeros(facts.n_leaves, dtype=np.int64),
+                            [[r] for r in range(d)], [rows] * d).loads[0].memory_bytes
+            leaf = float(leaf_bytes(facts, rows, min(rows, facts.block_rows), d).max())
             mem = WORKER_BASE_BYTES + max(1, int(max(self.tight_fraction * (need - WORKER_BASE_BYTES), 1.5 * leaf)))
         workers = []
         for i in range(self.workers):
