@@ -14,6 +14,7 @@ from emgrid.models.diagnose import fit_warnings
 from emgrid.models.errors import ConfigError, ConvergenceWarning
 from emgrid.models.init import INIT_METHODS, check_init, complete_shapes, initialize
 from emgrid.models.regularize import Regularization
+from emgrid.models.starts import distinct_starts, per_start
 from emgrid.models.tables import as_table, bind, is_table
 from emgrid.planner.check import check_plan_structure
 from emgrid.planner.plan import BalancePlan
@@ -49,9 +50,10 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       first (``models.complete_shapes``, before planning), then ``n_init`` starts, each
       seeded from ``(seed, start)`` on a bounded sample of rows (``models.initialize``;
       ``init`` = ``"auto"``, ``"kmeans"`` or ``"random"``) and refined by ``init_iter`` EM
-      iterations on the same executor and plan; the start with the highest
-      log-likelihood continues for ``max_iter`` iterations (``FitResult.init_log_likelihoods``
-      reports every start).
+      iterations on the same executor and plan (a start equal to an earlier one, up to the
+      order of mixture components, is refined once: ``models.starts``); the start with the
+      highest log-likelihood continues for ``max_iter`` iterations
+      (``FitResult.init_log_likelihoods`` reports every start).
 
     - ``data``: anything ``model.prepare`` accepts, or an :class:`NpyDataset` on disk (then
       every worker maps only its own rows). A table (``models.tables``) is read by column
@@ -131,15 +133,19 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
         check_plan_figures(plan)
     ex.check_plan(plan)
     starts: tuple[Node, ...] = ()
+    repeats: list[int] = []
     t0 = perf_counter()
-    if model.is_template:  # every rank seeds alike; the coordinator's starts run
-        starts = tuple(initialize(model, opened, n, seed=seed, start=s, init=init) for s in range(n_init))
-        model = starts[0]
+    if model.is_template:  # every rank seeds alike; the coordinator's starts run, each distinct one once
+        kept, repeats = distinct_starts(initialize(model, opened, n, seed=seed, start=s, init=init)
+                                        for s in range(n_init))
+        starts, model = tuple(kept), kept[0]
     seeding_s = perf_counter() - t0
     result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
                            regularization=reg, starts=starts, start_iter=init_iter,
                            previous_log_likelihood=previous_log_likelihood, gather=gather))
     if starts:
+        result.init_log_likelihoods, result.init_best = per_start(result.init_log_likelihoods, result.init_best,
+                                                                  repeats)
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
     return result

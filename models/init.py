@@ -14,16 +14,20 @@
     every row the partition split, so a value its part lacks keeps some probability;
   * a ``Composite``: each field on its column; a ``Sequence``: its child on the positions,
     each weighted by its row's weight;
-  * a ``Mixture``: its rows partitioned, k-means++ and a few Lloyd iterations where its
-    components read floats or vectors (or records with such fields, standardized),
+  * a ``Mixture``: its rows partitioned, greedy k-means++ and a few Lloyd iterations on
+    the standardized columns where its components read floats or vectors (or records with
+    such fields; drawn again while some cluster has fewer rows than its component needs),
     a random partition otherwise; each component then completed from its part, the
     weights set to the parts' shares;
   * an ``HMM``: its positions partitioned the same way for the emissions, except that
-    emissions reading integers (categorical codes, counts) start, with ``init="auto"``,
-    from every position weighted by a seeded random tilt of its value per state (a
-    random partition of many positions would give every state nearly the overall
-    histogram, a start EM barely moves from); near-uniform transitions with a seeded
-    jitter, uniform initial probabilities.
+    emissions reading integers (categorical codes, counts) are partitioned, with
+    ``init="auto"``, by k-means of each position's context (the values around it,
+    :mod:`models.context`); with more than ``context.MAX_VALUES`` distinct values they
+    start instead from every position weighted by a seeded random tilt of its value per
+    state (a random partition of many positions would give every state nearly the overall
+    histogram, a start EM barely moves from). Transitions and initial probabilities count
+    the partition's consecutive labels and first labels, plus about one (seeded, jittered)
+    pseudo-count each, so none starts at zero; near-uniform ones without a partition.
 
   No two components start equal: they are fitted to disjoint parts of the sample, or to
   its positions under different random tilts.
@@ -36,8 +40,10 @@ import numpy as np
 from .base import Node
 from .categorical import Categorical, floor_probs
 from .composite import Composite
+from .context import context_labels
 from .data import Data, Ragged, n_rows, take_index
 from .errors import ConfigError, ModelError
+from .gaussian import DiagGaussian, FullGaussian, Gaussian
 from .hmm import HMM
 from .kmeans import kmeans_labels, random_labels
 from .mixture import Mixture
@@ -47,9 +53,9 @@ from .tree import child_path
 
 __all__ = ["INIT_METHODS", "complete_shapes", "data_shapes_unset", "check_init", "sample_index", "sample_rows", "initialize"]
 
-#: ``init`` values: k-means where components read floats or vectors, random value tilts for an
-#: HMM's integer emissions and random partitions elsewhere (``auto``), or one method everywhere
-#: it applies (``random``: random partitions everywhere).
+#: ``init`` values: k-means where components read floats or vectors, k-means of contexts (or
+#: random value tilts) for an HMM's integer emissions and random partitions elsewhere
+#: (``auto``), or one method everywhere it applies (``random``: random partitions everywhere).
 INIT_METHODS = ("auto", "kmeans", "random")
 #: The sample initialization reads: ``min(n, max(SAMPLE_MIN_ROWS, SAMPLE_ROWS_PER_LEAF * leaves))``.
 SAMPLE_MIN_ROWS = 2000
@@ -59,6 +65,9 @@ TRANSITION_JITTER = 0.2
 #: Shape of the Gamma draws that tilt an HMM's integer emissions per state and value
 #: (:func:`_value_tilts`): 1 gives each value's weight a coefficient of variation of 1.
 TILT_SHAPE = 1.0
+#: How many times k-means is drawn, at most, for a partition whose every cluster holds the
+#: rows its component needs (:func:`_partition`).
+KMEANS_DRAWS = 5
 #: Rows' worth of a partition's pooled statistics added to each leaf part's own.
 PRIOR_ROWS = 1.0
 _CHUNK = 1 << 20
@@ -215,8 +224,11 @@ def _mixture(node, data, w, rng, init: str, path: str) -> Node:
         what = "positions" if hmm else "rows"
         raise ModelError(f"{node.family} at path {_where(path)} has {k} components but the initialization "
                          f"sample holds {m} {what}; give fewer components or more data")
-    tilts = _value_tilts(node, rows, k, rng, init) if hmm and k > 1 else None
-    if tilts is None:
+    labels = tilts = None
+    if hmm and k > 1 and init == "auto" and node.children[0].data_type() == "int":
+        labels = context_labels(rows, data.offsets, rw, k, rng)
+        tilts = _value_tilts(rows, k, rng) if labels is None else None
+    if labels is None and tilts is None:
         labels = _partition(node.children[0], rows, rw, k, rng, init) if k > 1 else np.zeros(m, dtype=np.int64)
     kids, pooled = [], {}
     for j, c in enumerate(node.children):
@@ -236,53 +248,87 @@ def _mixture(node, data, w, rng, init: str, path: str) -> Node:
     if hmm:
         if node.transitions is None:
             jitter = 1.0 + TRANSITION_JITTER * (rng.random((k, k)) - 0.5)
-            values["transitions"] = jitter / jitter.sum(axis=1, keepdims=True)
+            counts = jitter if labels is None else jitter + _pair_counts(labels, rw, data.offsets, k)
+            values["transitions"] = counts / counts.sum(axis=1, keepdims=True)
         if node.initial is None:
-            values["initial"] = np.full(k, 1.0 / k)
+            first = data.offsets[:-1][data.lengths > 0]
+            counts = np.ones(k) if labels is None else 1.0 + np.bincount(labels[first], rw[first], minlength=k)
+            values["initial"] = counts / counts.sum()
     elif node.weights is None:
         mass = np.bincount(labels, weights=rw, minlength=k)
         values["weights"] = floor_probs(mass / mass.sum())
     return _rebuild(node, kids, **values)
 
 
-def _value_tilts(node: Node, rows, k: int, rng, init: str) -> np.ndarray | None:
-    """For an HMM whose emissions read integers (categorical codes, counts) and ``init`` =
-    ``"auto"``: per position and state, the weight ``g_j(x)`` that state ``j`` gives the
-    position's value ``x``, one draw of ``Gamma(TILT_SHAPE)`` per state and distinct value
-    (in sorted order of the values, so the draws follow the sample alone). Each state starts
-    from the data's histogram tilted by its own ``g_j``: diverse states around the data, where
-    a random partition of the positions would give every state nearly the overall histogram.
-    None for other emissions or methods (they partition the positions)."""
-    if init != "auto" or node.children[0].data_type() != "int":
-        return None
+def _value_tilts(rows, k: int, rng) -> np.ndarray:
+    """Per position and state, the weight ``g_j(x)`` that state ``j`` gives the position's
+    value ``x``, one draw of ``Gamma(TILT_SHAPE)`` per state and distinct value (in sorted
+    order of the values, so the draws follow the sample alone). Each state starts from the
+    data's histogram tilted by its own ``g_j``: diverse states around the data, where a
+    random partition of the positions would give every state nearly the overall histogram."""
     values, inverse = np.unique(np.asarray(rows), return_inverse=True)
     g = rng.gamma(TILT_SHAPE, size=(values.size, k))
     return g[inverse.reshape(-1)]
 
 
+def _pair_counts(labels: np.ndarray, w: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
+    """``(k, k)``: the weight of consecutive positions of one sequence labelled ``(i, j)``."""
+    follows = np.ones(labels.size, dtype=bool)
+    follows[offsets[:-1][offsets[:-1] < labels.size]] = False  # a sequence's first position follows none
+    at = np.flatnonzero(follows)
+    return np.bincount(labels[at - 1] * k + labels[at], weights=w[at], minlength=k * k).reshape(k, k)
+
+
 def _partition(component: Node, rows, w, k: int, rng, init: str) -> np.ndarray:
+    """Labels of the rows: k-means of their features, drawn again (up to ``KMEANS_DRAWS``
+    times) while some cluster holds fewer rows than a component needs; random otherwise."""
     X = _features(rows, component) if init != "random" else None
     if X is None:
         return random_labels(n_rows(rows), k, rng)
-    return kmeans_labels(X, w, k, rng)
+    need = _rows_needed(component)
+    draws = KMEANS_DRAWS if need > 1 and X.shape[0] >= k * need else 1
+    for _ in range(draws):
+        labels = kmeans_labels(X, w, k, rng)
+        if np.bincount(labels, minlength=k).min() >= need:
+            break
+    return labels
+
+
+def _rows_needed(node: Node) -> int:
+    """Rows a component needs for its first M-step to be well posed: ``d + 1`` for a full
+    covariance of dimension ``d`` (fewer span no ``d``-dimensional volume: the component
+    would start singular, and a likelihood that grows without bound keeps it there), 2 for
+    a variance, the most any field of a record needs, 1 otherwise."""
+    if isinstance(node, FullGaussian):
+        return node.dim + 1
+    if isinstance(node, (Gaussian, DiagGaussian)):
+        return 2
+    if isinstance(node, (Composite, Mixture)):
+        return max(_rows_needed(c) for c in node.children)
+    return 1
 
 
 def _features(data, node: Node) -> np.ndarray | None:
     """The rows as a float matrix k-means can cluster: a float column, vectors, or a
-    record's float and vector fields (each column standardized, so units do not weigh);
-    None when the data hold none."""
+    record's float and vector fields, each column standardized (the Gaussians fit the same
+    whatever a column's unit, so its unit must not decide the partition either: on raw
+    columns the one with the largest numbers alone would); None when the data hold none."""
+    X = _columns(data, node)
+    if X is None:
+        return None
+    sd = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+
+
+def _columns(data, node: Node) -> np.ndarray | None:
     t = node.data_type()
     if t == "float":
         return np.asarray(data, dtype=np.float64)[:, None]
     if t.startswith("vec["):
         return np.asarray(data, dtype=np.float64)
     if isinstance(node, Composite):
-        parts = [f for i, c in enumerate(node.children) if (f := _features(data[i], c)) is not None]
-        if not parts:
-            return None
-        X = np.hstack(parts)
-        sd = X.std(axis=0)
-        return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        parts = [f for i, c in enumerate(node.children) if (f := _columns(data[i], c)) is not None]
+        return np.hstack(parts) if parts else None
     if isinstance(node, Mixture):
-        return _features(data, node.children[0])
+        return _columns(data, node.children[0])
     return None

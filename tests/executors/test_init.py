@@ -247,14 +247,14 @@ def test_an_hmm_of_categoricals_starts_from_states_that_differ_beyond_sampling_n
     template = complete_shapes(_hmm_template(4), data)
     n = len(data.offsets) - 1
     for start in range(3):
-        tilted = initialize(template, data, n, seed=0, start=start)
+        contexts = initialize(template, data, n, seed=0, start=start)
         partitioned = initialize(template, data, n, seed=0, start=start, init="random")
         # a random partition of thousands of positions: every state is the overall histogram
-        # up to sampling noise; tilting each value's weight per state spreads the states out
+        # up to sampling noise; partitioned by their contexts, the states differ
         assert _state_distances(partitioned).max() < 0.05
-        assert _state_distances(tilted).min() > 0.05
+        assert _state_distances(contexts).min() > 0.05
         assert initialize(template, data, n, seed=0, start=start).children[0].probs.tolist() == \
-            tilted.children[0].probs.tolist()
+            contexts.children[0].probs.tolist()
 
 
 def test_an_hmm_template_fit_is_identical_on_every_executor_and_grid():
@@ -275,3 +275,28 @@ def test_an_hmm_template_fit_is_identical_on_every_executor_and_grid():
         assert other.init_best == ref.init_best
         assert_same_trace(other.log_likelihood, ref.log_likelihood)
         np.testing.assert_allclose(_flat(other.model), _flat(ref.model), rtol=1e-7, atol=1e-9)
+
+
+def test_a_start_that_repeats_an_earlier_one_is_refined_once():
+    from emgrid.executors.local import LocalExecutor
+
+    class Recording(LocalExecutor):
+        starts: list[int] = []
+
+        def run(self, job):
+            Recording.starts.append(len(job.starts))
+            return super().run(job)
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
+    x = np.vstack([c + rng.normal(size=(200, 2)) for c in centres])
+    template = from_spec({"family": "Mixture", "k": 3, "component": {"family": "FullGaussian", "dim": 2}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        many = optimize(x, template, executor=Recording(), n_init=6, seed=0, max_iter=5, init_iter=2, tol=0.0)
+        one = optimize(x, template, n_init=1, seed=0, max_iter=5, init_iter=2, tol=0.0)
+    # k-means of three clear clusters lands on one partition from every seed: one start to refine
+    assert Recording.starts == [1]
+    assert len(many.init_log_likelihoods) == 6 and len(set(many.init_log_likelihoods)) == 1
+    assert many.init_best == 0
+    assert_same_trace(many.log_likelihood, one.log_likelihood)
