@@ -183,8 +183,11 @@ def single_replica_layouts(resources: Resources, m: int, coordinated: bool,
 
 #: Most layouts :func:`small_layouts` enumerates before giving up.
 MAX_SMALL_LAYOUTS = 24
-#: Most placements (ordered choices of workers) :func:`small_layouts` looks at.
+#: Most arrangements of worker types over the cells :func:`small_layouts` looks at.
 MAX_SMALL_PLACEMENTS = 5_000
+#: Most row-and-column permutations :func:`small_layouts` tries in all to find each
+#: arrangement's canonical form (``d! m!`` per arrangement).
+MAX_SMALL_PERMUTATIONS = 200_000
 
 
 def small_layouts(resources: Resources, d: int, m: int, coordinated: bool,
@@ -194,31 +197,82 @@ def small_layouts(resources: Resources, d: int, m: int, coordinated: bool,
     Two layouts cost the same when one is the other with replicas permuted and shard columns
     permuted (the program places shards on columns freely); with the coordinator in the
     grid, replica 0 and column 0 stay where they are. Workers of equal speed and memory are
-    interchangeable, and a worker dominated by an idle one is never needed (see
-    :func:`single_replica_layouts`)."""
-    if math.comb(resources.n_workers, d * m) * math.factorial(d * m) > MAX_SMALL_PLACEMENTS:
-        return None
+    interchangeable, so a layout is an arrangement of worker *types* (enumerated as such,
+    however many workers share a type), and a worker dominated by an idle one is never
+    needed (see :func:`single_replica_layouts`): the multisets of types used are the ones
+    closed under that rule."""
     speed, memory = worker_arrays(resources)
-    kind = [(float(speed[w]), float(memory[w])) for w in range(resources.n_workers)]
-    order = worker_order(resources, "speed")
+    types: dict[tuple[float, float], list[int]] = {}
+    for w in worker_order(resources, "speed"):
+        types.setdefault((float(speed[w]), float(memory[w])), []).append(w)
+    keys = list(types)
+    avail = [len(types[k]) for k in keys]
+    dominators = [[j for j in range(i) if keys[j][0] >= keys[i][0] and keys[j][1] >= keys[i][1]]
+                  for i in range(len(keys))]
+    cells = d * m
+    multisets: list[list[int]] = []
+
+    def walk(i, left, counts):
+        if left == 0:
+            multisets.append(counts + [0] * (len(keys) - i))
+            return
+        if i == len(keys):
+            return
+        full = all(counts[j] == avail[j] for j in dominators[i])
+        for c in range(min(avail[i], left) if full else 0, -1, -1):
+            walk(i + 1, left - c, counts + [c])
+            if len(multisets) > MAX_SMALL_PLACEMENTS:
+                return
+
+    walk(0, cells, [])
+    arrangements = sum(math.factorial(cells) // math.prod(math.factorial(c) for c in counts) for counts in multisets)
+    if (len(multisets) > MAX_SMALL_PLACEMENTS or arrangements > MAX_SMALL_PLACEMENTS
+            or arrangements * math.factorial(d) * math.factorial(m) > MAX_SMALL_PERMUTATIONS):
+        return None
     seen: set = set()
     out: list[Layout] = []
-    for chosen in itertools.combinations(order, d * m):
-        rest = [w for w in order if w not in chosen]
-        if any(kind[i][0] >= kind[w][0] and kind[i][1] >= kind[w][1] and kind[i] != kind[w]
-               for w in chosen for i in rest):
-            continue  # an idle worker dominates a used one
-        for perm in itertools.permutations(chosen):
-            cells = [[kind[perm[r * m + s]] for s in range(m)] for r in range(d)]
-            key = _canonical(cells, coordinated)
+    for counts in multisets:
+        for kinds in _distinct_permutations([i for i, c in enumerate(counts) for _ in range(c)]):
+            key = _canonical([[keys[kinds[r * m + s]] for s in range(m)] for r in range(d)], coordinated)
             if key in seen:
                 continue
             seen.add(key)
             if len(out) >= limit:
                 return None
-            out.append(Layout(name=f"small/{len(out)}",
-                              grid=tuple(tuple(perm[r * m + s] for s in range(m)) for r in range(d))))
+            taken = [0] * len(keys)
+            grid = []
+            for r in range(d):
+                row = []
+                for s in range(m):
+                    k = kinds[r * m + s]
+                    row.append(types[keys[k]][taken[k]])
+                    taken[k] += 1
+                grid.append(tuple(row))
+            out.append(Layout(name=f"small/{len(out)}", grid=tuple(grid)))
     return out
+
+
+def _distinct_permutations(items: list[int]):
+    """Every distinct ordering of ``items`` (a multiset), each once."""
+    counts: dict[int, int] = {}
+    for x in items:
+        counts[x] = counts.get(x, 0) + 1
+    order = sorted(counts)
+    seq: list[int] = []
+
+    def rec():
+        if len(seq) == len(items):
+            yield tuple(seq)
+            return
+        for x in order:
+            if counts[x]:
+                counts[x] -= 1
+                seq.append(x)
+                yield from rec()
+                seq.pop()
+                counts[x] += 1
+
+    yield from rec()
 
 
 def _canonical(cells, coordinated: bool):

@@ -6,6 +6,7 @@ the steps; each method's docstring states what it establishes.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,19 @@ FLOAT_TOL = 1e-6
 #: Share of the time limit the search plans for; the rest covers the final pricing and
 #: the solver's overshoot of its own limit.
 DEADLINE_SHARE = 0.9
+#: Most splits of the rows into ``d`` positive parts a grid of several replicas searches
+#: all of (with every layout, :func:`placement.small_layouts`, that settles it exactly);
+#: beyond, rows follow the replicas' speeds (which memory may forbid: a slow replica of
+#: large workers may have to take more rows than a fast one of small workers).
+MAX_ROW_SPLITS = 64
+
+
+def compositions(n: int, d: int):
+    """Every way to write ``n`` as ``d`` positive parts, in order (``d - 1`` cuts among
+    the ``n - 1`` gaps between rows)."""
+    for cuts in itertools.combinations(range(1, n), d - 1):
+        ends = (0, *cuts, n)
+        yield tuple(ends[i + 1] - ends[i] for i in range(d))
 
 
 #: The leaf-level heuristics of ``bench/planner_baselines.py`` that seed the incumbent, and
@@ -96,6 +110,7 @@ class Search:
         self.best: Incumbent | None = None
         self.grid_notes: dict[tuple[int, int], list[float]] = {}  # bounds of an exact grid's layouts
         self.exact: dict[tuple[int, int], bool] = {}  # placement and rows settled by dominance
+        self.all_splits: dict[tuple[int, int], bool] = {}  # every split of the rows searched
         self.relaxed: dict[tuple[int, int], float] = {}  # replica-relaxation bounds (:meth:`relax`)
         self.best_by_m: dict[int, float] = {}
         self.bound_by_m: dict[int, float] = {}  # least bound of the pruned grids of each M
@@ -146,8 +161,11 @@ class Search:
             out, complete = single_replica_layouts(self.resources, m, self.coordinated)
             self.exact[(d, m)] = complete
             return out
-        self.exact[(d, m)] = False  # rows follow speed: not every split of the rows is searched
         small = small_layouts(self.resources, d, m, self.coordinated)
+        # every split of the rows when they are few, else rows follow speed; exact with every layout
+        every_split = math.comb(self.n - 1, d - 1) <= MAX_ROW_SPLITS
+        self.exact[(d, m)] = every_split and small is not None
+        self.all_splits[(d, m)] = every_split
         return small if small is not None else candidate_layouts(self.resources, d, m)
 
     def grid_lower(self, d: int, m: int, bounds: Bounds) -> float:
@@ -229,8 +247,12 @@ class Search:
                     self.visit(layout, bounds, rows)
 
     def row_options(self, layout: Layout) -> list[list[int]]:
-        """Rows following the replicas' slowest speeds; with the coordinator in the grid also
-        the same rows with replica 0 taking the fewest among the replicas of its speed."""
+        """Every split of the rows into ``d`` positive parts when :meth:`layouts` said they
+        are few (:data:`MAX_ROW_SPLITS`); else rows following the replicas' slowest speeds
+        and, with the coordinator in the grid, also the same rows with replica 0 taking the
+        fewest among the replicas of its speed."""
+        if self.all_splits.get((layout.d, layout.m)):
+            return [list(c) for c in compositions(self.n, layout.d)]
         speed_of, _ = worker_arrays(self.resources)
         slowest = speed_of[np.asarray(layout.grid)].min(axis=1)
         rows = replica_rows(self.n, slowest)

@@ -14,11 +14,15 @@ with its argument:
    (``max b = ceil(n/D) <= max v``, and every replica holds ``max b`` rows if one holds
    ``max v``); (b) one replica (rows = ``n_data``): the layouts of
    ``placement.single_replica_layouts`` (every worker multiset closed under dominance,
-   each worker type at column 0). Their lower bound is the least bound over their layouts.
+   each worker type at column 0); (c) several replicas on every layout of distinct cost
+   (``placement.small_layouts``: every arrangement of worker types closed under dominance,
+   up to permutations of replicas and columns) with every split of the rows into ``D``
+   positive parts, when both are few (``search.MAX_ROW_SPLITS``). Their lower bound is the
+   least bound over their layouts and rows.
 3. Other ``M > 1`` grids (heterogeneous workers with ``D > 1``, or the coordinator's cell
    with ``D > 1`` and known memory) are searched on every layout of distinct cost when
-   there are few (``placement.small_layouts``), else on the four of
-   ``placement.candidate_layouts``, with rows following speed (and, with the coordinator,
+   there are few, else on the four of ``placement.candidate_layouts``, with every split of
+   the rows when they are few, else rows following speed (and, with the coordinator,
    also with replica 0 taking the fewest rows among its equals). Their lower bound holds
    for every placement and every split of the rows: the larger of the analytic
    ``Bounds.grid_bound`` and the replica relaxation (``Search.relax``: the ``1 x M``
@@ -104,7 +108,7 @@ def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[
         elif any(not search.exact.get(g, False) for g in split if bounds.grid_fits(*g)):
             left = [f"{d}x{m}" for d, m in split if bounds.grid_fits(d, m) and not search.exact.get((d, m), False)]
             msg = (f"no fitting plan found, and infeasibility is not proven: grids {', '.join(left[:6])} were "
-                   f"searched on a few worker layouts with rows following speed only; {msg}")
+                   f"searched on a few worker layouts or with rows following speed only; {msg}")
         raise InfeasiblePlanError(msg)
     lowers = [dp_lower.get(g, math.inf) if g[1] == 1 else search.grid_lower(*g, bounds) for g in grids]
     lower = min([best.total, *lowers])
