@@ -24,15 +24,33 @@ from .step import WorkerStep, grid_layout, run_replica_lockstep
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
 
+class _LastReading:
+    """The grid's meter as its cells see it. One process has one peak, which the grid reads
+    once per E-step, after its columns' M-steps (so the reading covers the cells' passes
+    too); a cell's share carries the grid's last reading instead of reading ``/proc`` again
+    (the grid reports its own reading, not the cells')."""
+
+    __slots__ = ("baseline_bytes", "last")
+
+    def __init__(self, meter: PeakMeter):
+        self.baseline_bytes = meter.baseline_bytes
+        self.last = 0
+
+    def peak_bytes(self) -> int:
+        return self.last
+
+
 class LocalGrid:
     """Every worker's rows held in this process (views of the caller's arrays); the cells of
     one shard's column share its :class:`ShardPart` (one process: nothing to copy)."""
 
     def __init__(self, job: FitJob):
         self.meter = PeakMeter()  # one process: one meter for every cell of the grid
+        self.cells_meter = _LastReading(self.meter)
         data = job.open_data()
         self.layout = grid_layout(job.model, job.plan)
-        self.steps = [[WorkerStep.from_full(job.model, spec, data, self.meter) for spec in row] for row in self.layout]
+        self.steps = [[WorkerStep.from_full(job.model, spec, data, self.cells_meter) for spec in row]
+                      for row in self.layout]
         self.view = self.layout[0][0].view
         self.regularization = job.regularization
         self.parts: list[ShardPart] = []
@@ -55,18 +73,20 @@ class LocalGrid:
             reduce_bytes += len(report_payload(report))
             columns.append(report)
         reduce_s = perf_counter() - t0 - sum(c.mstep_s for c in columns)
+        self.cells_meter.last = peak = self.meter.peak_bytes()
         return GridOutcome(columns=columns, compute_s=sum(s.compute_s for s in flat),
                            coupling_s=sum(s.coupling_s for s in flat), reduce_s=reduce_s,
                            coupling_bytes=sum(s.coupling_bytes for s in flat), reduce_bytes=reduce_bytes,
-                           peak_bytes={"local": self.meter.peak_bytes()},
-                           baseline_bytes={"local": self.meter.baseline_bytes})
+                           peak_bytes={"local": peak}, baseline_bytes={"local": self.meter.baseline_bytes})
 
     def update(self, skeleton: Node, payload: bytes) -> int:
         d = len(self.layout)
         sent = 0
         for part in self.parts:
             if part.view.evaluates(part.shard):
-                sent += d * len(payload) + (d - 1) * len(part.pending_payload())
+                sent += d * len(payload)
+                if d > 1:  # one replica: the head's new subtrees go to no other worker
+                    sent += (d - 1) * len(part.pending_payload())
             part.apply(skeleton)
         return sent
 

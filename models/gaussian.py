@@ -326,11 +326,42 @@ class FullGaussian(Leaf):
     def __init__(self, mean=None, cov=None, *, dim: int | None = None):
         chol = self._init_fields(mean=mean, cov=cov, dim=dim).get("cov")
         if chol is not None:
-            d = self.dim
-            # z = (x - mean) @ prec_chol has identity covariance.
-            self._prec_chol = np.linalg.solve(chol, _eye(d)).T.copy()
-            self._const = float(d * LOG_2PI + 2.0 * np.log(chol.diagonal()).sum())
-            self._chol = chol
+            self._factor(chol)
+
+    def _factor(self, chol: np.ndarray) -> None:
+        """The caches of the kernels, from the covariance's lower Cholesky factor."""
+        d = self.dim
+        # z = (x - mean) @ prec_chol has identity covariance.
+        self._prec_chol = np.linalg.solve(chol, _eye(d)).T.copy()
+        self._const = float(d * LOG_2PI + 2.0 * np.log(chol.diagonal()).sum())
+        self._chol = chol
+
+    @classmethod
+    def _fitted(cls, mean: np.ndarray, cov: np.ndarray) -> "FullGaussian":
+        """``FullGaussian(mean, cov)`` for an M-step's result, with the checks its making
+        already settles left out: ``mean`` and ``cov`` are fresh arrays nothing else holds
+        (kept, made read-only, not copied) and ``cov`` is exactly symmetric (``_estimate``
+        averages it with its transpose, then adds to the diagonal only). Everything the
+        values themselves decide is still checked (float64, C order, shapes, finite, and
+        positive definite: the Cholesky factor the caches need); a value that fails goes
+        through the constructor, which names the problem."""
+        d = mean.shape[0] if mean.ndim == 1 else 0
+        if (d and mean.dtype == np.float64 and cov.dtype == np.float64 and cov.shape == (d, d)
+                and cov.flags.c_contiguous and mean.flags.owndata and cov.flags.owndata
+                and np.isfinite(mean).all() and np.isfinite(cov).all()):
+            try:
+                chol = np.linalg.cholesky(cov)
+            except np.linalg.LinAlgError:
+                chol = None
+            if chol is not None:
+                node = cls.__new__(cls)
+                mean.setflags(write=False)
+                cov.setflags(write=False)
+                # the attributes in the order ``Node._init_fields`` sets them
+                node.mean, node.cov, node._sizes, node._unset = mean, cov, {"dim": d}, ()
+                node._factor(chol)
+                return node
+        return cls(mean, cov)
 
     @property
     def dim(self) -> int:
@@ -461,12 +492,12 @@ class FullGaussian(Leaf):
         if sw < MIN_WEIGHT:
             return self
         mean = sx / sw
-        cov = sxx / sw - np.outer(mean, mean)
+        cov = sxx / sw - mean[:, None] * mean[None, :]  # np.outer's own product, without its call
         cov = 0.5 * (cov + cov.T)
         low = np.linalg.eigvalsh(cov)[0]
         if low < VAR_FLOOR:
             cov = cov + (VAR_FLOOR - low) * np.eye(self.dim)
-        return FullGaussian(mean, cov)
+        return FullGaussian._fitted(mean, cov)
 
     def _sample(self, n, rng):
         return self.mean + rng.standard_normal((n, self.dim)) @ self._chol.T

@@ -140,3 +140,54 @@ def test_every_mpi_rank_runs_one_thread_inside_the_fit_and_its_own_setting_after
     assert [r["after"] for r in ranks] == [r["before"] for r in ranks]
     inside, _ = run_mpi(tmp_path, "inherit")
     assert inside == {"w0": {CORES}, "w1": {CORES}}
+
+
+LATE_LOAD_SCRIPT = r"""
+import ctypes, json, sys
+from threadpoolctl import threadpool_info
+from emgrid.executors.threads import limited
+
+def blas():
+    return {p["filepath"]: p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+with limited(1):  # lists the pools of this process: numpy's BLAS only
+    first = blas()
+ctypes.CDLL(sys.argv[1])  # a second BLAS, loaded without importing any module
+with limited(1):
+    inside = blas()
+print(json.dumps({"first": first, "inside": inside, "after": blas()}))
+"""
+
+
+def _scipy_blas() -> str | None:
+    """scipy's own OpenBLAS (a library numpy does not load), found without importing scipy."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy")
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted((Path(spec.origin).parent.parent / "scipy.libs").glob("libscipy_openblas*.so"))
+    return str(found[0]) if found else None
+
+
+@needs_two_cores
+@pytest.mark.skipif(_scipy_blas() is None, reason="no second OpenBLAS to load")
+def test_a_blas_loaded_after_an_earlier_fit_is_limited_in_the_next_one():
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_KEYS}
+    proc = subprocess.run([sys.executable, "-c", LATE_LOAD_SCRIPT, _scipy_blas()], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout)
+    late = set(got["inside"]) - set(got["first"])
+    assert late, got  # the control: the library was not there at the first fit
+    assert set(got["inside"].values()) == {1}
+    assert {got["after"][lib] for lib in late} == {CORES}  # its own setting back after the fit
+
+
+def test_the_pools_are_kept_while_no_library_loads():
+    from emgrid.executors.threads import _LOADS, controller
+
+    if _LOADS() is None:
+        pytest.skip("this loader does not count its loads: the pools are listed on every fit")
+    first = controller()
+    assert controller() is first
