@@ -166,6 +166,9 @@ def solve_groups(facts: ModelFacts, resources: Resources, n_data: int, ds: list[
         wk = sole if level == 0 else wk_many
         d_lo, d_hi = min(members), max(members)
         comm = level * wk.comm_per_level + wk.mstep
+        if level == 0:
+            out.append(_one_replica(wk, n_data, comm))
+            continue
         if wk.choose(t_max, d_lo, d_hi) is None:
             out.append(DataParallel((d_lo, d_hi), math.inf, math.inf, None, None))
             continue
@@ -190,3 +193,16 @@ def solve_groups(facts: ModelFacts, resources: Resources, n_data: int, ds: list[
         compute = float(wk.seconds(rows, wk.speed[workers]).max())
         out.append(DataParallel((d_lo, d_hi), compute + comm, lo + comm, grid, tuple(rows)))
     return out
+
+
+def _one_replica(wk: Workers, n_data: int, comm: float) -> DataParallel:
+    """``D = 1`` in closed form: one worker, at cell ``(0, 0)``, takes every row, so the
+    best plan is the fastest worker whose memory holds them all (with the coordinator's
+    bytes); its time is also the group's exact bound."""
+    fits = wk.cap_coord >= n_data
+    if not fits.any():
+        return DataParallel((1, 1), math.inf, math.inf, None, None)
+    seconds = wk.seconds(np.full(wk.p, n_data), wk.speed)
+    c = int(np.flatnonzero(fits)[np.argmin(seconds[fits])])
+    total = float(seconds[c]) + comm
+    return DataParallel((1, 1), total, total, ((c,),), (n_data,))
