@@ -208,7 +208,10 @@ def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
     assert proc.returncode != 0, out
     assert "DONE" not in out
     if fault.startswith("exit"):
-        assert proc.returncode == 13, out  # hydra passes the dead rank's exit code on
+        # hydra passes on the dead rank's exit code, or (about one run in sixty here) the
+        # signal with which it then killed the other rank
+        assert proc.returncode in (13, 9), out
+        assert "exits with code 13" in out, out
     else:
         assert "BAD TERMINATION" in out and "signal 9" in out, out
         pid = re.search(r"RANK 1 PID (\d+)", proc.stdout)
