@@ -101,23 +101,29 @@ def reset_peak() -> bool:
 _LIBC = None
 
 
+def _libc():
+    """glibc (loaded once), or None where there is none (its malloc calls are then skipped)."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            _LIBC = libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else False
+        except OSError:
+            _LIBC = False
+    return _LIBC or None
+
+
 def release_free_memory() -> None:
     """Hands the allocator's free heap pages back to the kernel (glibc's ``malloc_trim``), so
     that a process that has run fits before (an MPI rank, a caller of the local executor)
     starts its meter from what it really holds: without it, the next fit reuses free pages
     that are already resident and its increase reads too low. (No garbage collection: it
     took 10-40 ms in a busy process, and numpy arrays are freed by reference counting.)"""
-    global _LIBC
-    if _LIBC is False:
-        return
-    try:
-        if _LIBC is None:
-            import ctypes
-
-            _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
-    except (OSError, AttributeError):
-        _LIBC = False
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 #: glibc's ``mallopt`` parameter for the size from which blocks are mapped on their own
@@ -134,20 +140,12 @@ def map_large_blocks() -> None:
     size of the largest block freed so far, so once a worker frees its first parameter table
     the next ones come from the heap, and the holes an M-step leaves when it replaces them
     stay resident (4 MPI ranks holding 16 MB of categorical tables each peaked at 4.1-4.6
-    tables' worth by default, 3.75-3.87 with this). Setting the threshold turns that
+    tables' worth by default, 3.9-4.0 with this). Setting the threshold turns that
     adjustment off. Only in processes that emgrid runs (MPI ranks, multiprocessing
     workers): a caller's own process keeps its allocator as it is."""
-    global _LIBC
-    if _LIBC is False:
-        return
-    try:
-        if _LIBC is None:
-            import ctypes
-
-            _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
-    except (OSError, AttributeError):
-        _LIBC = False
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
 
 
 class PeakMeter:

@@ -191,6 +191,9 @@ class ShardPart:
         for root in list(roots):
             pending[root] = estimate_releasing(roots.pop(root), left, root, uses)
         self.part = self.view.assemble(skeleton, pending)
+        # only nodes still in the part can be taken apart later: forget the others' ids, so
+        # a callback that gathers every iteration does not grow the set
+        self.lent.intersection_update(id(n) for _, n in self.part.nodes())
         self.pending = pending
         return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
 

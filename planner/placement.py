@@ -124,6 +124,21 @@ def default_layout(resources: Resources, d: int, m: int) -> Layout:
 MAX_SINGLE_REPLICA_LAYOUTS = 24
 
 
+def _worker_types(resources: Resources):
+    """The workers by type ``(speed, memory)``: ``types[key]`` their indices, ``keys`` in
+    order of decreasing speed, then memory (a type's dominators come before it), ``avail``
+    the count of each, ``dominators[i]`` the types at least as fast and as large as ``i``."""
+    speed, memory = worker_arrays(resources)
+    types: dict[tuple[float, float], list[int]] = {}
+    for w in worker_order(resources, "speed"):
+        types.setdefault((float(speed[w]), float(memory[w])), []).append(w)
+    keys = list(types)
+    avail = [len(types[k]) for k in keys]
+    dominators = [[j for j in range(i) if keys[j][0] >= keys[i][0] and keys[j][1] >= keys[i][1]]
+                  for i in range(len(keys))]
+    return types, keys, avail, dominators
+
+
 def single_replica_layouts(resources: Resources, m: int, coordinated: bool,
                            limit: int = MAX_SINGLE_REPLICA_LAYOUTS) -> tuple[list[Layout], bool]:
     """Every ``1 x m`` layout up to dominance, and whether the list is complete.
@@ -139,14 +154,7 @@ def single_replica_layouts(resources: Resources, m: int, coordinated: bool,
     come first), each once per worker type that can sit at column 0. ``False`` when
     ``limit`` cut the list short.
     """
-    speed, memory = worker_arrays(resources)
-    types: dict[tuple[float, float], list[int]] = {}
-    for w in worker_order(resources, "speed"):
-        types.setdefault((float(speed[w]), float(memory[w])), []).append(w)
-    keys = list(types)
-    avail = [len(types[k]) for k in keys]
-    dominators = [[j for j in range(i) if keys[j][0] >= keys[i][0] and keys[j][1] >= keys[i][1]]
-                  for i in range(len(keys))]
+    types, keys, avail, dominators = _worker_types(resources)
     suffix = np.concatenate([np.cumsum(avail[::-1])[::-1], [0]])
     out: list[Layout] = []
     complete = True
@@ -201,14 +209,7 @@ def small_layouts(resources: Resources, d: int, m: int, coordinated: bool,
     however many workers share a type), and a worker dominated by an idle one is never
     needed (see :func:`single_replica_layouts`): the multisets of types used are the ones
     closed under that rule."""
-    speed, memory = worker_arrays(resources)
-    types: dict[tuple[float, float], list[int]] = {}
-    for w in worker_order(resources, "speed"):
-        types.setdefault((float(speed[w]), float(memory[w])), []).append(w)
-    keys = list(types)
-    avail = [len(types[k]) for k in keys]
-    dominators = [[j for j in range(i) if keys[j][0] >= keys[i][0] and keys[j][1] >= keys[i][1]]
-                  for i in range(len(keys))]
+    types, keys, avail, dominators = _worker_types(resources)
     cells = d * m
     multisets: list[list[int]] = []
 

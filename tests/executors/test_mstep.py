@@ -126,6 +126,26 @@ def test_the_model_is_left_on_the_grid_when_not_gathered():
     assert same(seen[-1], whole.model)
 
 
+@pytest.mark.parametrize("grid", [(1, 1), (1, 2), (2, 2)])
+def test_models_gathered_by_a_callback_stay_whole_through_later_m_steps(grid):
+    # the local grid's parts take their own old subtrees apart as they re-estimate them:
+    # what a callback gathered (and the caller's starting model) must not be among them
+    model, data = two_records()
+    start = pickle.dumps(model)
+    n = len(data[0]) if isinstance(data, tuple) else len(data)
+    kept, copies = [], []
+
+    def callback(it, ll, result):
+        got = result.shards.gather()
+        kept.append(got)
+        copies.append(pickle.dumps(got))
+
+    optimize(data, model, plan=grid_plan(model, n, *grid), executor="local", max_iter=5, tol=0.0, callback=callback)
+    assert len(kept) == 5
+    assert [pickle.dumps(k) for k in kept] == copies
+    assert pickle.dumps(model) == start
+
+
 def test_the_coordinator_names_a_non_finite_node_on_any_shard():
     model, data = two_records()
     view = ShardView.of(model, {p: i % 2 for i, (p, _) in enumerate(model.leaves())}, 2)
