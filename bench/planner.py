@@ -51,7 +51,8 @@ def run_case(case, model) -> dict:
                                             "lower_bound_s": plan.lower_bound_s, "source": plan.extra["source"],
                                             "faults": plan.extra["solver_faults"]}
     except InfeasiblePlanError as e:
-        row["emgrid"] = {"infeasible": str(e), "solve_s": time.perf_counter() - t}
+        row["emgrid"] = {"infeasible": str(e), "solve_s": time.perf_counter() - t,
+                         "proven": "infeasibility is not proven" not in str(e)}
     mp, claims = mixle_plan(model, res, case.n_data)
     row["mixle"] = summary_of(mp) | claims
     row["lpt"] = summary_of(heuristic_plan(model, res, case.n_data, "lpt"))
@@ -78,7 +79,8 @@ def table(rows: list[dict]) -> str:
         e = r["emgrid"]
         cells = [r["case"], str(r["leaves"])]
         if "infeasible" in e:
-            cells += ["infeasible", "-", "-", "-", "-", f"{e['solve_s']:.2f}"]
+            cells += ["infeasible" + (" (proven)" if e.get("proven") else " (not proven)"), "-", "-", "-", "-",
+                      f"{e['solve_s']:.2f}"]
         else:
             cells += [fmt(e["time_s"]), fmt(e["busiest_flops"]), e["grid"], e["status"], f"{gap_of(e):.2%}",
                       f"{e['solve_s']:.2f}"]
@@ -97,7 +99,7 @@ def summarize(rows: list[dict]) -> dict:
     ratios, compute_ratios = [], []
     mixle_unfit_solved, mixle_unfit = 0, 0
     mixle_claims_unfit, mixle_claims_unfit_solved = 0, 0
-    small, small_optimal = 0, 0
+    small, small_optimal, small_infeasible = 0, 0, 0
     solves = []
     gaps_small, gaps_all = [], []
     for r in rows:
@@ -126,6 +128,7 @@ def summarize(rows: list[dict]) -> dict:
         if r["leaves"] <= 256:
             small += 1
             small_optimal += int(feasible and e["status"] == "optimal")
+            small_infeasible += int(not feasible and e.get("proven", False))
     def geo(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
@@ -136,6 +139,8 @@ def summarize(rows: list[dict]) -> dict:
         "mixle_reports_unfit": mixle_claims_unfit, "mixle_reports_unfit_solved_fitting": mixle_claims_unfit_solved,
         "mixle_unfit_claimed_or_true": mixle_unfit, "mixle_unfit_claimed_or_true_solved_fitting": mixle_unfit_solved,
         "proven_optimal_up_to_256_leaves": f"{small_optimal}/{small}",
+        "proven_infeasible_up_to_256_leaves": small_infeasible,
+        "proven_optimal_or_infeasible_up_to_256_leaves": f"{small_optimal + small_infeasible}/{small}",
         "median_solve_s": statistics.median(solves), "max_solve_s": max(solves),
         "max_gap_up_to_256_leaves": max(gaps_small, default=None),
         "max_gap": max(gaps_all, default=None), "cases_with_gap_over_5pct": sum(g > 0.05 for g, _ in gaps_all),

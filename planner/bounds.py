@@ -48,6 +48,7 @@ from emgrid.models.units import NODE_CALL_S
 
 from .costing import COUPLING_COPIES, base_bytes, block_counts, compute_factor, fixed_bytes, least_fixed_bytes, mstep_s
 from .facts import ModelFacts
+from .placement import ReplicaMixes
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
@@ -144,11 +145,12 @@ class Bounds:
         """Seconds of node visits per block summed over the shards: ``c (K + (m-1) K_split(m))``."""
         return self.calls + (m - 1) * self._sf("calls", m) * NODE_CALL_S
 
-    def layout_bound(self, m: int, a: np.ndarray, rows, speed: np.ndarray | None = None) -> float:
+    def layout_bound(self, m: int, a: np.ndarray, rows, speed: np.ndarray | None = None, d: int | None = None) -> float:
         """A bound for every assignment on one layout (``a`` per column, ``rows`` per replica;
         with ``speed[r, s]`` the node visits count too: on the replica ``r*`` of most rows,
         ``T >= a*_s F_s + beta K_s`` with ``a*_s = rows_r* / speed(r*, s)`` and ``beta`` its
-        blocks times ``c``, so ``T sum_s 1/a*_s >= sum_s F_s + beta min_s(1/a*_s) sum_s K_s``)."""
+        blocks times ``c``, so ``T sum_s 1/a*_s >= sum_s F_s + beta min_s(1/a*_s) sum_s K_s``).
+        ``d``: the grid's replicas when ``rows`` are some of them only (default: one per row)."""
         compute = max(self._work(m) / float(np.sum(1.0 / a)), float(a.min()) * self.chain_f)
         if speed is not None:
             r = int(np.argmax(rows))
@@ -156,7 +158,67 @@ class Bounds:
             beta = float(block_counts(int(rows[r]), self.block))
             compute = max(compute, (self._work(m) + beta * float(inv.min()) * self._visits(m)) / float(inv.sum()),
                           beta * self.chain_k, beta * self._visits(m) / m)
-        return compute * compute_factor(m) + self._comm(len(rows), m, int(max(rows))) + self.mstep
+        return compute * compute_factor(m) + self._comm(d or len(rows), m, int(max(rows))) + self.mstep
+
+    def replica_caps(self, mixes: ReplicaMixes, d: int) -> np.ndarray:
+        """The most rows a replica of each kind of ``mixes`` can hold (:meth:`layout_fits`)."""
+        return np.array([_last_true(lambda x, mem=mem: self.layout_fits(mem[None, :], [x], d), self.n_data)
+                         for mem in mixes.memory], dtype=np.int64)
+
+    def any_rows_bound(self, mixes: ReplicaMixes, d: int, steps: dict[int, list] | None = None) -> float:
+        """A bound for every layout of a ``d x m`` grid built of ``mixes``
+        (``placement.replica_mixes``) and every split of the rows; ``inf`` when none fits.
+
+        Every plan's time is at least each replica's own :meth:`layout_bound` with its rows
+        (the exchanges over the ``d`` replicas included, its rows as the most rows), which is
+        non-decreasing in the rows; a replica holds at least one row and at most the rows
+        :meth:`layout_fits` allows it. So at a time ``T`` a replica of kind ``k`` takes at most
+        ``y_k(T)`` rows (the most whose bound is at most ``T``, capped; none allowed when one
+        row's bound exceeds ``T``), and some mix must reach ``n`` rows: bisection on ``T``
+        returns a ``T`` that is forced or proven too small for every mix. ``steps[k]``: pairs
+        ``(x, t)``, a replica of kind ``k`` with ``x`` rows or more takes at least ``t``
+        (program bounds, :meth:`Search.any_rows_lower`), raising its bound where they apply."""
+        n = self.n_data
+        m = mixes.speed.shape[1]
+        caps = self.replica_caps(mixes, d)
+        gs = []
+        for k, sp in enumerate(mixes.speed):
+            pts = sorted((steps or {}).get(k, []))
+            xs = np.array([x for x, _ in pts], dtype=np.int64)
+            ts = np.maximum.accumulate([t for _, t in pts]) if pts else np.zeros(0)
+
+            def g(x, sp=sp, xs=xs, ts=ts):
+                j = int(np.searchsorted(xs, x, side="right"))
+                step = float(ts[j - 1]) if j else 0.0
+                return max(step, self.layout_bound(m, x / sp, [x], sp[None, :], d=d))
+
+            gs.append(g)
+        counts = mixes.counts[np.all((mixes.counts == 0) | (caps >= 1), axis=1)]
+        if not len(counts) or int((counts @ caps).max()) < n:
+            return math.inf
+        used = np.flatnonzero(counts.any(axis=0))
+        one = np.full(len(caps), math.inf)
+        one[used] = [gs[k](1) for k in used]
+
+        def enough(t: float) -> bool:
+            y = np.zeros(len(caps))
+            for k in used:
+                if one[k] <= t:
+                    y[k] = _last_true(lambda x: gs[k](x) <= t, int(caps[k]))
+            ok = np.all((counts == 0) | (one <= t), axis=1)
+            return bool(ok.any() and (counts[ok] @ y).max() >= n)
+
+        lo = float(np.min(np.where(counts > 0, one, -math.inf).max(axis=1)))  # the mix whose rows start cheapest
+        if enough(lo):
+            return lo
+        hi = max(gs[k](int(caps[k])) for k in used)
+        while hi - lo > 1e-9 * hi:
+            mid = 0.5 * (lo + hi)
+            if enough(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
 
     # ------------------------------------------------------------ memory
     def replica_need(self, rows: int, m: int = 1, d: int = 2) -> float:
@@ -207,6 +269,21 @@ class Bounds:
                     or self.leaf_need(n, m, least=True, d=d) > low[at].min()):
                 return False
         return True
+
+
+def _last_true(pred, hi: int) -> int:
+    """The largest ``x`` in ``1..hi`` with ``pred(x)`` for a predicate true up to some point
+    and false after; 0 when ``pred(1)`` is false."""
+    if hi < 1 or not pred(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _chain(facts: ModelFacts, x: np.ndarray) -> float:

@@ -253,6 +253,71 @@ def small_layouts(resources: Resources, d: int, m: int, coordinated: bool,
     return out
 
 
+#: Most replica kinds, and most mixes of them, :func:`replica_mixes` lists.
+MAX_REPLICA_KINDS = 200
+MAX_REPLICA_MIXES = 20_000
+
+
+@dataclass(frozen=True)
+class ReplicaMixes:
+    """The replicas a ``d x m`` grid can be built of, up to the order of its columns.
+
+    ``speed[k]``, ``memory[k]``: the ``m`` workers of replica kind ``k`` (a multiset of
+    worker types), ``workers[k]`` some ``m`` distinct workers of those types; ``counts[j, k]``:
+    how many replicas of kind ``k`` mix ``j`` uses. Every layout of the grid has the
+    replicas of one mix."""
+
+    speed: np.ndarray
+    memory: np.ndarray
+    workers: tuple[tuple[int, ...], ...]
+    counts: np.ndarray
+
+
+def replica_mixes(resources: Resources, d: int, m: int) -> ReplicaMixes | None:
+    """Every mix of ``d`` replicas of ``m`` workers each that the workers can staff, or None
+    when there are more than :data:`MAX_REPLICA_KINDS` kinds or :data:`MAX_REPLICA_MIXES` mixes.
+    A relaxation of the layouts: columns are not matched across replicas, dominance is not
+    applied and the coordinator's cell is not told apart."""
+    types, keys, avail, _ = _worker_types(resources)
+    avail_arr = np.asarray(avail)
+    kinds = []
+    for combo in itertools.combinations_with_replacement(range(len(keys)), m):
+        use = np.bincount(combo, minlength=len(keys))
+        if np.all(use <= avail_arr):
+            kinds.append((combo, use))
+            if len(kinds) > MAX_REPLICA_KINDS:
+                return None
+    mixes: list[list[int]] = []
+
+    def walk(k: int, left: int, free: np.ndarray, counts: list[int]) -> bool:
+        if left == 0:
+            mixes.append(counts + [0] * (len(kinds) - k))
+            return len(mixes) <= MAX_REPLICA_MIXES
+        if k == len(kinds):
+            return True
+        use = kinds[k][1]
+        most = min([left] + [int(free[t] // use[t]) for t in np.flatnonzero(use)])
+        for c in range(most, -1, -1):
+            if not walk(k + 1, left - c, free - c * use, counts + [c]):
+                return False
+        return True
+
+    if not walk(0, d, avail_arr, []):
+        return None
+    speed = np.array([[keys[t][0] for t in combo] for combo, _ in kinds], dtype=np.float64)
+    memory = np.array([[keys[t][1] for t in combo] for combo, _ in kinds], dtype=np.float64)
+    workers = []
+    for combo, _ in kinds:
+        taken = dict.fromkeys(combo, 0)
+        row = []
+        for t in combo:
+            row.append(types[keys[t]][taken[t]])
+            taken[t] += 1
+        workers.append(tuple(row))
+    return ReplicaMixes(speed=speed, memory=memory, workers=tuple(workers),
+                        counts=np.array(mixes, dtype=np.int64).reshape(-1, len(kinds)))
+
+
 def _distinct_permutations(items: list[int]):
     """Every distinct ordering of ``items`` (a multiset), each once."""
     counts: dict[int, int] = {}

@@ -84,7 +84,7 @@ def time_upper_s(ut: UnitTree, d: int, m: int, compute_pairs, bytes_per_s: float
 
 @dataclass(frozen=True)
 class ProgramResult:
-    status: str  # "optimal" | "feasible" | "infeasible" | "unknown" | "model_invalid"
+    status: str  # "optimal" | "feasible" | "infeasible" | "cutoff" | "unknown" | "model_invalid"
     unit_shard: np.ndarray | None
     objective_ticks: float | None
     bound_ticks: float | None
@@ -92,18 +92,26 @@ class ProgramResult:
     deterministic_s: float
 
 
-def build(inst: Instance) -> tuple[cp_model.CpModel, ShardVars]:
-    """The program: every constraint family, the objective the sum of their shares."""
+def build(inst: Instance, cutoff_ticks: int | None = None) -> tuple[cp_model.CpModel, ShardVars]:
+    """The program: every constraint family, the objective the sum of their shares; with
+    ``cutoff_ticks``, only assignments whose objective is at most that many ticks."""
     model = cp_model.CpModel()
     v = ShardVars(model, inst.ut, inst.m)
-    shares = [family(model, v, inst) for family in constraints.FAMILIES]
-    model.minimize(sum(shares))
+    objective = sum(family(model, v, inst) for family in constraints.FAMILIES)
+    if cutoff_ticks is not None:
+        model.add(objective <= cutoff_ticks)
+    model.minimize(objective)
     return model, v
 
 
-def solve_program(inst: Instance, hint: np.ndarray | None, cfg: SolverConfig, time_limit_s: float) -> ProgramResult:
+def solve_program(inst: Instance, hint: np.ndarray | None, cfg: SolverConfig, time_limit_s: float,
+                  cutoff_ticks: int | None = None) -> ProgramResult:
+    """Solves ``inst``. With ``cutoff_ticks`` (an incumbent's time, less the relative gap, in
+    ticks) the solver searches only below it, and its proof that nothing is there ends the
+    solve early: status ``"cutoff"``, bound ``cutoff_ticks + 1`` (the objective is an
+    integer, so every assignment has at least that many ticks)."""
     t0 = time.perf_counter()
-    model, v = build(inst)
+    model, v = build(inst, cutoff_ticks)
     if hint is not None:
         v.hint(model, hint)
     solver = cp_model.CpSolver()
@@ -124,6 +132,8 @@ def solve_program(inst: Instance, hint: np.ndarray | None, cfg: SolverConfig, ti
             cp_model.MODEL_INVALID: "model_invalid"}.get(code, "unknown")
     has = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     bound = solver.best_objective_bound if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN) else None
+    if code == cp_model.INFEASIBLE and cutoff_ticks is not None:
+        name, bound = "cutoff", float(cutoff_ticks + 1)
     return ProgramResult(status=name, unit_shard=v.extract(solver) if has else None,
                          objective_ticks=solver.objective_value if has else None, bound_ticks=bound,
                          wall_s=time.perf_counter() - t0, deterministic_s=solver.deterministic_time)

@@ -21,7 +21,8 @@ from .costing import coordinator_bytes, mstep_s, price, replica_rows, shard_sums
 from .dataparallel import solve_groups
 from .facts import ModelFacts, model_facts, worker_arrays
 from .heuristics import HEURISTICS, columns, run_all
-from .placement import Layout, candidate_layouts, default_layout, single_replica_layouts, small_layouts
+from .placement import (Layout, candidate_layouts, default_layout, replica_mixes, single_replica_layouts,
+                        small_layouts)
 from .program import make_instance, solve_program
 from .resources import Resources
 from .scaling import Scale
@@ -41,6 +42,8 @@ DEADLINE_SHARE = 0.9
 #: beyond, rows follow the replicas' speeds (which memory may forbid: a slow replica of
 #: large workers may have to take more rows than a fast one of small workers).
 MAX_ROW_SPLITS = 64
+#: Rows, as shares of ``ceil(n/d)``, at which :meth:`Search.replica_steps` bounds a replica.
+STEP_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0)
 
 
 def compositions(n: int, d: int):
@@ -112,6 +115,7 @@ class Search:
         self.exact: dict[tuple[int, int], bool] = {}  # placement and rows settled by dominance
         self.all_splits: dict[tuple[int, int], bool] = {}  # every split of the rows searched
         self.relaxed: dict[tuple[int, int], float] = {}  # replica-relaxation bounds (:meth:`relax`)
+        self.any_rows: dict[tuple[int, int], float] = {}  # bounds over every split (:meth:`any_rows_lower`)
         self.best_by_m: dict[int, float] = {}
         self.bound_by_m: dict[int, float] = {}  # least bound of the pruned grids of each M
         self.queue: list[Queued] = []
@@ -176,7 +180,43 @@ class Search:
         notes = self.grid_notes.get((d, m))
         if self.exact.get((d, m)) and notes:
             return max(analytic, min(notes))
-        return max(analytic, self.relaxed.get((d, m), 0.0))
+        out = max(analytic, self.relaxed.get((d, m), 0.0))
+        if d > 1 and out < self.cutoff():
+            out = max(out, self.any_rows_lower(d, m, bounds))
+        return out
+
+    def any_rows_lower(self, d: int, m: int, bounds: Bounds) -> float:
+        """:meth:`Bounds.any_rows_bound` over every mix of replicas of ``d x m`` (0 when the
+        mixes are too many): a bound over every placement and every split of the rows."""
+        if (d, m) not in self.any_rows:
+            mixes = replica_mixes(self.resources, d, m)
+            out = 0.0 if mixes is None else bounds.any_rows_bound(mixes, d)
+            if mixes is not None and out < self.cutoff() and not self.coarse.grouped:
+                out = max(out, bounds.any_rows_bound(mixes, d, self.replica_steps(mixes, d, m, bounds)))
+            self.any_rows[(d, m)] = out
+        return self.any_rows[(d, m)]
+
+    def replica_steps(self, mixes, d: int, m: int, bounds: Bounds) -> dict[int, list[tuple[int, float]]]:
+        """Program bounds of one replica of each kind of ``mixes`` at a few row counts
+        around ``n/d`` (:data:`STEP_FRACTIONS`), each ``(rows, seconds)``: a replica of that
+        kind with at least those rows takes at least that long (cost and memory are
+        non-decreasing in rows), the exchanges over the ``d`` replicas included."""
+        caps = bounds.replica_caps(mixes, d)
+        used = np.flatnonzero((mixes.counts > 0).any(axis=0) & (caps >= 1))
+        extra = bounds.replica_comm(d, m)
+        out: dict[int, list[tuple[int, float]]] = {}
+        share = -(-self.n // d)
+        for k in used:
+            xs = sorted({min(int(caps[k]), max(1, math.ceil(f * share))) for f in STEP_FRACTIONS} | {int(caps[k])})
+            layout = Layout(name=f"replica-kind/{k}", grid=(mixes.workers[k],))
+            for x in xs:
+                if self.budget() < 0.1:
+                    return out
+                got = self.replica_program(layout, (x,), d, bounds, extra)
+                out.setdefault(int(k), []).append((x, got))
+                if got >= self.cutoff():
+                    break  # more rows cost no less
+        return out
 
     # ------------------------------------------------------------ data parallel, baselines
     def data_parallel(self, ds: list[int]) -> dict[tuple[int, int], float]:
@@ -351,31 +391,42 @@ class Search:
         if not complete:
             return None
         rows = (-(-self.n // d),)
-        _, memory_of = worker_arrays(self.resources)
         best = math.inf
         extra = bounds.replica_comm(d, m)
         for layout in layouts:
-            if not bounds.layout_fits(memory_of[np.asarray(layout.grid)], rows, d):
-                continue
-            cols = columns(self.facts, self.resources, layout.grid, rows, d)
-            lb = bounds.layout_bound(m, cols.a, rows, worker_arrays(self.resources)[0][np.asarray(layout.grid)])
-            if lb + extra >= best:
-                continue
-            remaining = self.budget()
-            if remaining < 0.05 or self.coarse.n_units * m > self.cfg.max_program_cells:
-                best = min(best, lb + extra)
-                continue
-            hint = HEURISTICS["lpt"](self.coarse, cols)
-            ref = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)[0]
-            q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint, hint_total=ref)
-            got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False, memory_d=d)
-            best = min(best, got + extra)
+            best = min(best, self.replica_program(layout, rows, d, bounds, extra, best))
         return best
 
-    def program(self, q: Queued, remaining: float, offer: bool = True, memory_d: int = 0) -> float:
+    def replica_program(self, layout: Layout, rows: tuple[int], d: int, bounds: Bounds, extra: float,
+                        enough: float = math.inf) -> float:
+        """A bound of one replica of a ``d``-replica grid on ``layout`` (one row of
+        workers) with ``rows``, ``extra`` (its exchanges over the replicas) included: its
+        program's bound when time is left, else the analytic one; ``inf`` when it cannot
+        hold the rows; the analytic one when that is already ``enough``."""
+        m = layout.m
+        g = np.asarray(layout.grid)
+        speed_of, memory_of = worker_arrays(self.resources)
+        if not bounds.layout_fits(memory_of[g], rows, d):
+            return math.inf
+        cols = columns(self.facts, self.resources, layout.grid, rows, d)
+        lb = bounds.layout_bound(m, cols.a, rows, speed_of[g])
+        remaining = self.budget()
+        if lb + extra >= enough or remaining < 0.05 or self.coarse.n_units * m > self.cfg.max_program_cells:
+            return lb + extra
+        hint = HEURISTICS["lpt"](self.coarse, cols)
+        ref = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)[0]
+        q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint, hint_total=ref)
+        got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False, memory_d=d,
+                           extra_s=extra)
+        return got + extra
+
+    def program(self, q: Queued, remaining: float, offer: bool = True, memory_d: int = 0,
+                extra_s: float = 0.0) -> float:
         """Solves one layout's program; returns the bound it establishes. ``offer=False``
         (a relaxation, :meth:`relax`): the solution is not a plan, and the coordinator's
-        bytes are dropped; ``memory_d``: the relaxed grid's replicas, whose memory applies."""
+        bytes are dropped; ``memory_d``: the relaxed grid's replicas, whose memory applies;
+        ``extra_s``: what the caller adds to the returned bound (the program searches only
+        below the incumbent less it)."""
         self.counts["programs"] += 1
         ref = self.best.total if self.best is not None else q.hint_total
         if not math.isfinite(ref) or ref <= 0:
@@ -386,7 +437,14 @@ class Search:
                              coordinator_bytes(self.facts, self.resources) if offer else 0.0, memory_d)
         scale = inst.scale
         hint = q.hint
-        res = solve_program(inst, hint, self.cfg, remaining)
+        # search only below the incumbent (less the gap): a proof that nothing is there bounds the grid
+        cutoff_s = self.cutoff() - extra_s - self.mstep
+        cutoff_ticks = math.floor(cutoff_s * scale.ticks_per_s) if math.isfinite(cutoff_s) and cutoff_s > 0 else None
+        if cutoff_ticks is not None and not q.hint_total < self.cutoff():
+            # a hint above the cutoff cannot help, and CP-SAT's interleaved search aborts on one
+            # it can prove infeasible in presolve ("heuristics.fixed_search != nullptr")
+            hint = None
+        res = solve_program(inst, hint, self.cfg, remaining, cutoff_ticks=cutoff_ticks)
         where = f"grid {q.d}x{q.m} layout {q.layout.name}"
         bound = q.bound
         if res.unit_shard is not None:
@@ -399,6 +457,9 @@ class Search:
                 self.faults.append(f"{where}: solver objective {got!r} s, recomputed {total!r} s")
             elif offer:
                 self.offer(total, fits, q.d, q.m, q.layout, q.rows, leaf_shard, "cp-sat")
+        if res.status == "cutoff":
+            # nothing below the incumbent; grouped units restrict the plans, so prove nothing
+            return bound if self.coarse.grouped else max(bound, scale.seconds(res.bound_ticks) + self.mstep)
         if res.status == "infeasible":
             if q.heuristic_totals:
                 self.faults.append(f"{where}: solver claims infeasible, a heuristic plan fits")

@@ -154,3 +154,24 @@ def test_validate_checks_the_status_against_the_bound():
         validate_plan(wrong_gap, model, res, 1000)
     feasible = loose.model_copy(update={"status": "feasible"})
     validate_plan(feasible, model, res, 1000)
+
+
+def test_a_cutoff_below_the_optimum_proves_a_bound_and_one_above_keeps_the_optimum():
+    """``solve_program(cutoff_ticks=c)`` searches below ``c`` only: under the optimum it
+    ends with status "cutoff" and bound ``c + 1`` (at most the optimum), above it with the
+    optimum itself."""
+    model = Composite([Mixture([Gaussian(0.0, 1.0) for _ in range(6)], probs(6)), fg(8), fg(4)])
+    facts = model_facts(model)
+    res = uniform(4)
+    ut = build_units(facts, 64)
+    layout = make_layout(res, 1, 3)
+    rows = [10**5]
+    scale = Scale.for_instance(1e-3, 1)
+    inst = make_instance(ut, res, layout, rows, facts.block_rows, scale, 1e-3, 0.0)
+    free = solve_program(inst, None, SOLVER, 10.0)
+    assert free.status == "optimal"
+    opt = int(round(free.objective_ticks))
+    below = solve_program(inst, None, SOLVER, 10.0, cutoff_ticks=opt - 1)
+    assert below.status == "cutoff" and below.unit_shard is None and below.bound_ticks == opt
+    above = solve_program(inst, None, SOLVER, 10.0, cutoff_ticks=opt + 10)
+    assert above.status == "optimal" and int(round(above.objective_ticks)) == opt

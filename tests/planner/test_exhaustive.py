@@ -33,7 +33,9 @@ from emgrid.models import HMM, Categorical, Composite, Gaussian, Mixture, Poisso
 from emgrid.planner import (InfeasiblePlanError, Network, PlanError, Resources, SolverConfig, Worker, balance_plan,
                             plan_from_assignment, validate_plan)
 from emgrid.planner.costing import coordinator_bytes, price, shard_sums
+from emgrid.planner.bounds import Bounds
 from emgrid.planner.facts import model_facts
+from emgrid.planner.search import Search
 from tests.planner.helpers import dg, fg, memory_share, probs
 from tests.planner.oracle import best_plan, best_rows, search
 from tests.strategies import leaves, models
@@ -190,6 +192,26 @@ def test_every_returned_plan_is_valid_and_no_faster_than_the_oracle(instance):
         validate_plan(plan, model, res, n)
         # the oracle must see every valid plan: a faster one is the oracle's fault
         assert v["oracle"].objective_s <= plan.objective_s * (1 + REL), "the oracle missed a valid plan" + report(v)
+
+
+@seed(SEED)
+@settings(max_examples=40, **RUNS)
+@given(any_instances, st.data())
+def test_the_bound_over_every_split_of_the_rows_is_at_most_the_oracles_best_on_its_grid(instance, data):
+    """``Search.any_rows_lower`` (every mix of replicas, every split of the rows, program
+    bounds of single replicas) against the oracle pinned to one grid of several replicas."""
+    model, res, n = instance
+    facts = model_facts(model)
+    grids = [(d, m) for m in range(1, min(facts.n_leaves, res.n_workers) + 1)
+             for d in range(2, min(n, res.n_workers // m) + 1)]
+    if not grids:
+        return
+    d, m = data.draw(st.sampled_from(grids), label="grid")
+    s = Search(model, res, n, EXACT)
+    bounds = Bounds(facts, res, n, m)
+    got = s.any_rows_lower(d, m, bounds)
+    best = search(model, res, n, grid=(d, m)).objective_s
+    assert got <= best * (1 + REL), f"bound {got!r} above the grid's optimum {best!r}\n{describe(model, res, n)}"
 
 
 def test_the_random_instances_are_not_all_infeasible():

@@ -1,5 +1,6 @@
-"""The layouts a grid of several replicas is searched on (``planner.placement.small_layouts``),
-against a brute force over ordered choices of workers."""
+"""The layouts a grid of several replicas is searched on (``planner.placement.small_layouts``)
+and the mixes of replicas its bounds range over (``replica_mixes``), against brute forces over
+ordered choices of workers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emgrid.planner import Resources
-from emgrid.planner.placement import _canonical, small_layouts
+from emgrid.planner.placement import _canonical, replica_mixes, small_layouts
 from emgrid.planner.resources import Network, Worker
 
 
@@ -59,3 +60,32 @@ def test_many_workers_of_few_types_have_few_layouts():
     workers = tuple(Worker(name=f"w{i}", flops_per_s=4e9 if i % 2 else 2e9, memory_bytes=10**9) for i in range(256))
     got = small_layouts(Resources(workers=workers, network=Network()), 2, 2, False)
     assert got is not None and 1 <= len(got) <= 24
+
+
+def _mix_key(kind, rows) -> tuple:
+    """A layout's replicas as a multiset of multisets of worker types."""
+    return tuple(sorted(tuple(sorted(kind[w] for w in row)) for row in rows))
+
+
+@settings(max_examples=40, deadline=None)
+@given(res=small_resources(), shape=st.sampled_from([(2, 1), (2, 2), (2, 3), (3, 2), (4, 1)]))
+def test_replica_mixes_are_every_way_to_staff_the_replicas(res, shape):
+    d, m = shape
+    if d * m > res.n_workers:
+        return
+    kind = [(w.flops_per_s, w.memory_bytes) for w in res.workers]
+    want = {_mix_key(kind, [chosen[r * m:(r + 1) * m] for r in range(d)])
+            for chosen in itertools.permutations(range(len(kind)), d * m)}
+    mixes = replica_mixes(res, d, m)
+    assert mixes is not None
+    got = set()
+    for counts in mixes.counts:
+        assert counts.sum() == d
+        rows = [mixes.workers[k] for k, c in enumerate(counts) for _ in range(c)]
+        key = _mix_key(kind, rows)
+        assert key not in got, "a mix listed twice"
+        got.add(key)
+    assert got == want
+    for k, workers in enumerate(mixes.workers):  # distinct workers of the kind's speeds and memories
+        assert len(set(workers)) == m
+        assert [kind[w] for w in workers] == list(zip(mixes.speed[k], mixes.memory[k]))

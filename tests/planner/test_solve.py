@@ -181,7 +181,7 @@ def test_a_solver_bound_above_a_heuristic_plan_is_reported_as_a_fault(monkeypatc
     import emgrid.planner.search as solve_mod
     from emgrid.planner.program import ProgramResult
 
-    def lying(inst, hint, cfg, limit):
+    def lying(inst, hint, cfg, limit, **_):
         return ProgramResult(status="optimal", unit_shard=None, objective_ticks=None, bound_ticks=1e12,
                              wall_s=0.0, deterministic_s=0.0)
 
