@@ -180,10 +180,7 @@ class Search:
         notes = self.grid_notes.get((d, m))
         if self.exact.get((d, m)) and notes:
             return max(analytic, min(notes))
-        out = max(analytic, self.relaxed.get((d, m), 0.0))
-        if d > 1 and out < self.cutoff():
-            out = max(out, self.any_rows_lower(d, m, bounds))
-        return out
+        return max(analytic, self.relaxed.get((d, m), 0.0), self.any_rows.get((d, m), 0.0))
 
     def any_rows_lower(self, d: int, m: int, bounds: Bounds) -> float:
         """:meth:`Bounds.any_rows_bound` over every mix of replicas of ``d x m`` (0 when the
@@ -191,7 +188,7 @@ class Search:
         if (d, m) not in self.any_rows:
             mixes = replica_mixes(self.resources, d, m)
             out = 0.0 if mixes is None else bounds.any_rows_bound(mixes, d)
-            if mixes is not None and out < self.cutoff() and not self.coarse.grouped:
+            if mixes is not None and out < self.cutoff() and not self.coarse.grouped and self.budget() >= 0.1:
                 out = max(out, bounds.any_rows_bound(mixes, d, self.replica_steps(mixes, d, m, bounds)))
             self.any_rows[(d, m)] = out
         return self.any_rows[(d, m)]
@@ -362,7 +359,8 @@ class Search:
                 self.unproven.append(f"{q.d}x{q.m} ({q.layout.name}, solver stopped without a plan or a proof)")
 
     def relax_all(self, grids: list[tuple[int, int]], bounds: Bounds) -> None:
-        """Replica relaxations (:meth:`relax`) of the grids not settled exactly, cheapest
+        """Replica relaxations (:meth:`relax`) and, with several replicas, bounds over every
+        split of the rows (:meth:`any_rows_lower`) of the grids not settled exactly, cheapest
         bound first, while time is left."""
         todo = sorted((g for g in grids if g[1] > 1 and not self.exact.get(g, False) and bounds.grid_fits(*g)),
                       key=lambda g: bounds.grid_bound(*g))
@@ -374,6 +372,8 @@ class Search:
             got = self.relax(d, m, bounds)
             if got is not None:
                 self.relaxed[(d, m)] = got
+            if d > 1 and self.grid_lower(d, m, bounds) < self.cutoff() and self.budget() >= 0.1:
+                self.any_rows_lower(d, m, bounds)
 
     def relax(self, d: int, m: int, bounds: Bounds) -> float | None:
         """A lower bound of every plan of ``d x m`` from its largest replica alone.

@@ -24,10 +24,13 @@ with its argument:
    there are few, else on the four of ``placement.candidate_layouts``, with every split of
    the rows when they are few, else rows following speed (and, with the coordinator,
    also with replica 0 taking the fewest rows among its equals). Their lower bound holds
-   for every placement and every split of the rows: the larger of the analytic
-   ``Bounds.grid_bound`` and the replica relaxation (``Search.relax``: the ``1 x M``
-   programs of the largest replica, ``ceil(n/D)`` rows), so ``status`` is ``"optimal"``
-   only when a bound proves it.
+   for every placement and every split of the rows: the largest of the analytic
+   ``Bounds.grid_bound``, the replica relaxation (``Search.relax``: the ``1 x M``
+   programs of the largest replica, ``ceil(n/D)`` rows) and, with ``D > 1``, the bound
+   over every mix of replicas and every split of the rows (``Search.any_rows_lower``:
+   each replica at least its own bound at its rows, from single-replica programs at a few
+   row counts, under its memory's row cap), so ``status`` is ``"optimal"`` only when a
+   bound proves it.
 4. Before the sweep, the benchmark's baselines (``lpt``, ``contiguous`` and
    ``equal_count`` on single leaves, ``D = min(n, P // M)`` on the default layout) seed the
    incumbent, so the result is never worse than any of them (LPT, whose cost grows with
@@ -40,7 +43,9 @@ with its argument:
    layout is priced by every heuristic (``planner.heuristics``) and queued; a grid or
    layout whose bound is not below the incumbent (by more than the relative gap) is pruned.
 6. The queued layouts are solved with CP-SAT in bound order (``planner.program``), hinted
-   with their best heuristic, under what is left of the time limit; every solution is
+   with their best heuristic, under what is left of the time limit, each searching only
+   below the incumbent less the relative gap (a proof that nothing is there is the
+   layout's bound, and ends its solve early); every solution is
    re-priced in floating point, and a solver bound above a fitting plan of the same
    layout is recorded in ``extra["solver_faults"]`` and not used.
 7. The lower bound is the least bound over all grids; ``status`` is ``"optimal"`` when the
