@@ -46,22 +46,25 @@ def describe_os_error(e: OSError) -> str:
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Writes ``data`` to ``path`` by a temporary file in its folder and a rename (see the module)."""
+    """Writes ``data`` to ``path`` by a temporary file in its folder and a rename (see the module).
+    The temporary file goes whatever stops the write, a signal while it is being opened included."""
     path = Path(path)
     blob = data.encode() if isinstance(data, str) else data
     folder = path.parent
-    for attempt in range(100):
-        tmp = folder / f".{path.name}.{os.getpid()}.{attempt}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            break
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise OutputError(f"cannot write {str(path)!r}: {describe_os_error(e)}") from None
-    else:  # pragma: no cover - a hundred stale temporaries of this very pid
-        raise OutputError(f"cannot write {str(path)!r}: too many leftover temporary files in {str(folder)!r}")
+    tmp = None
     try:
+        for attempt in range(100):
+            tmp = folder / f".{path.name}.{os.getpid()}.{attempt}.tmp"  # named before it exists: see finally
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                break
+            except FileExistsError:  # a stale temporary of an earlier process of this pid
+                continue
+            except OSError as e:
+                raise OutputError(f"cannot write {str(path)!r}: {describe_os_error(e)}") from None
+        else:  # pragma: no cover - a hundred stale temporaries of this very pid
+            tmp = None
+            raise OutputError(f"cannot write {str(path)!r}: too many leftover temporary files in {str(folder)!r}")
         try:
             view = memoryview(blob)
             while view:
@@ -74,10 +77,11 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
     except OSError as e:
         raise OutputError(f"cannot write {str(path)!r}: {describe_os_error(e)}") from None
     finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return path
 
 

@@ -368,3 +368,26 @@ def test_an_address_for_an_executor_without_a_cluster_is_refused(folder, capsys)
     code, err = run(folder, capsys, config=BASE + '[executor]\nkind = "multiprocessing"\naddress = "tcp://h:8786"\n')
     assert code == 2
     one_error(err, "address", "tcp://h:8786", "dask and ray")
+
+
+@pytest.mark.parametrize("when", ["opened", "written", "renamed"])
+def test_a_signal_in_the_middle_of_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch, when):
+    """Ctrl-C can land right after the temporary file is created (before its descriptor is
+    stored), while it is written, or at the rename: the temporary file goes every time and the
+    target keeps its previous contents."""
+    from emgrid.cli import outdir
+
+    target = tmp_path / "checkpoint.json"
+    target.write_text("previous")
+    real = {"opened": os.open, "written": os.fsync, "renamed": os.replace}[when]
+
+    def interrupted(*a, **k):
+        real(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outdir.os, {"opened": "open", "written": "fsync", "renamed": "replace"}[when], interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outdir.write_atomic(target, "new")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
+    assert target.read_text() == ("new" if when == "renamed" else "previous")
