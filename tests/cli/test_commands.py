@@ -155,15 +155,21 @@ def test_kill_during_checkpoint_write_leaves_previous_readable(tmp_path):
     from emgrid.cli.checkpoint import read_checkpoint
 
     ctx = mp.get_context("spawn")
-    for delay in (0.6, 0.9, 1.3):
-        p = ctx.Process(target=_write_forever, args=(str(tmp_path),))
+    for n, delay in enumerate((0.05, 0.2, 0.45)):
+        folder = tmp_path / f"kill{n}"
+        p = ctx.Process(target=_write_forever, args=(str(folder),))
         p.start()
+        # kill it a while after its first checkpoint is in place (however long the spawn took),
+        # so there always is a previous checkpoint to leave readable
+        end = time.monotonic() + 60
+        while not (folder / "checkpoint.json").exists():
+            assert p.is_alive() and time.monotonic() < end, "the writer wrote no checkpoint"
+            time.sleep(0.01)
         time.sleep(delay)
         os.kill(p.pid, signal.SIGKILL)
         p.join()
-        if (tmp_path / "checkpoint.json").exists():
-            it, model, trace = read_checkpoint(tmp_path)
-            assert float(model.mean[0]) == it and trace == [float(it)] * it
+        it, model, trace = read_checkpoint(folder)
+        assert float(model.mean[0]) == it and trace == [float(it)] * it
 
 
 def test_executor_swap_is_one_word(tmp_path):

@@ -144,7 +144,21 @@ import os, pathlib, sys, time
 folder = pathlib.Path(os.environ[{env!r}])
 for name, text in {files!r}.items():
     (folder / name).write_text(text.replace("PID", str(os.getpid())))
-time.sleep({sleep})
+
+def pidfds_on_me():
+    base, mine, n = f"/proc/{{os.getppid()}}/fdinfo", f"Pid:\\t{{os.getpid()}}\\n", 0
+    for fd in os.listdir(base):
+        try:
+            with open(f"{{base}}/{{fd}}") as f:
+                n += mine in f.read()
+        except OSError:
+            pass
+    return n
+
+if {watch}:  # do not die before the parent watches this "rank" (a pidfd beside the job's own)
+    end = time.monotonic() + 30
+    while pidfds_on_me() < 2 and time.monotonic() < end:
+        time.sleep(0.01)
 sys.exit({status})
 """
 
@@ -170,7 +184,7 @@ def test_the_mpi_launcher_reports_what_the_ranks_recorded(tmp_path, capsys, file
 
     plan = grid_plan(Gaussian(0.0, 1.0), 100, 2, 1)
     write_checkpoint(tmp_path / "out", 1, Gaussian(0.0, 1.0), [-1.0])
-    script = STAND_IN.format(env=RECORD_ENV, files=files, sleep=0.3 if "pid.0" in files else 0, status=status)
+    script = STAND_IN.format(env=RECORD_ENV, files=files, watch="pid.0" in files, status=status)
     assert launch([sys.executable, "-c", script], plan, tmp_path / "out", max_iter=8) == code
     said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("emgrid:")]
     if line is None:

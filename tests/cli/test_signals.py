@@ -46,13 +46,37 @@ MPIEXEC = Path(sys.executable).with_name("mpiexec")
 needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec next to python")
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_fit_outlives_its_test():
+    """A test that fails before its fit ended does not leave the fit running (it would load the
+    machine for every test after it)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def _default_sigint():
+    # SIGINT as a terminal's fit has it: a suite started in the background of a shell without
+    # job control inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(tmp_path, kind, rows=100_000, env=None):
     cfg = tmp_path / "run.toml"
     cfg.write_text(CONFIG.format(kind=kind, rows=rows))
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
     full_env.pop("EMGRID_FAULT", None)
-    return cfg, subprocess.Popen([sys.executable, "-m", "emgrid.cli.main", "fit", str(cfg), "--quiet"], cwd=tmp_path,
-                                 env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "emgrid.cli.main", "fit", str(cfg), "--quiet"], cwd=tmp_path,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    STARTED.append(proc)
+    return cfg, proc
 
 
 def wait_for_checkpoint(out: Path, proc, at_least: int = 2, timeout: float = 90.0) -> int:
@@ -155,6 +179,32 @@ def test_a_signal_mid_fit_checkpoints_the_last_iteration_and_resume_equals_the_u
     assert all(abs(a - b) <= 1e-9 * abs(b) for a, b in zip(resumed, whole))
 
 
+def wait_until_stuck(out: Path, pid: int, quiet_s: float = 0.5, timeout: float = 30.0) -> None:
+    """Until process ``pid`` is stopped and the job's checkpoint (written every iteration) has
+    not moved for ``quiet_s``: the job waits for the stopped rank."""
+    def state() -> str:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0]
+
+    def iteration():
+        try:
+            return read_checkpoint(out)[0]
+        except Exception:  # noqa: BLE001 - being replaced
+            return None
+
+    end = time.monotonic() + timeout
+    while state() not in ("T", "t"):
+        assert time.monotonic() < end, f"process {pid} did not stop"
+        time.sleep(0.01)
+    last, since = iteration(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < end, "the job kept going with a rank stopped"
+        time.sleep(0.05)
+        now = iteration()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def _ranks(out: Path) -> list[int]:
     pids = []
     for f in out.glob(".emgrid-scratch-*-mpi/pid.*"):
@@ -169,7 +219,10 @@ def _ranks(out: Path) -> list[int]:
 @pytest.mark.parametrize("how", ["sigterm", "launcher-killed", "stopped-rank-then-ctrl-c"])
 def test_an_mpi_fit_stops_with_its_launcher_and_no_rank_outlives_it(tmp_path, how):
     shm = mpich_shm()
-    _, proc = start(tmp_path, "mpi", env={"EMGRID_STOP_GRACE_S": "2"})
+    # a short grace where the job cannot stop (a stopped rank), the default one where it stops
+    # by itself: a loaded machine may take more than 2 s to end the ranks and mpiexec
+    grace = "2" if how == "stopped-rank-then-ctrl-c" else "30"
+    _, proc = start(tmp_path, "mpi", env={"EMGRID_STOP_GRACE_S": grace})
     out = tmp_path / "out"
     wait_for_checkpoint(out, proc)
     ranks = _ranks(out)
@@ -181,8 +234,10 @@ def test_an_mpi_fit_stops_with_its_launcher_and_no_rank_outlives_it(tmp_path, ho
     elif how == "launcher-killed":
         proc.kill()
     else:
-        os.kill(ranks[1] if ranks[1] != ranks[0] else ranks[0], signal.SIGSTOP)
-        time.sleep(0.5)
+        stopped = ranks[1] if ranks[1] != ranks[0] else ranks[0]
+        os.kill(stopped, signal.SIGSTOP)
+        wait_until_stuck(out, stopped)  # rank 0 must not finish an iteration and see the stop request
+        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0

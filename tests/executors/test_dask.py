@@ -52,7 +52,7 @@ def leftovers(client) -> dict:
     return {a: v for a, v in client.run(look).items() if v != (0, [])}
 
 
-def assert_nothing_left(client, within_s: float = 20.0) -> None:
+def assert_nothing_left(client, within_s: float = 60.0) -> None:
     """No actor and no cell's thread on any worker, within ``within_s`` (a worker ended after
     a hang leaves the cluster and its nanny's new one joins meanwhile)."""
     end = time.monotonic() + within_s
@@ -151,7 +151,7 @@ def test_without_an_address_a_cluster_starts_and_closes_with_the_fit(nested, ref
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     res = optimize(data, model, plan=grid_plan(model, n, 1, 1), executor="dask", max_iter=2, tol=0.0)
     assert_same_trace(res.log_likelihood, reference[(2, 1)].log_likelihood[:2])  # every grid's trace is one
-    end = time.monotonic() + 10
+    end = time.monotonic() + 30  # the cluster's processes exit in their own time on a loaded machine
     while (new := {p.pid for p in psutil.Process().children(recursive=True)} - before) and time.monotonic() < end:
         time.sleep(0.2)
     assert not new, f"processes left: {new}"

@@ -172,8 +172,49 @@ def run_mpi(fault: str, d: int, m: int, ranks: int = 2, timeout_s: float | None 
     if timeout_s is not None:
         cmd.append(str(timeout_s))
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline_s, env=env, cwd=str(ROOT))
-    return proc, time.perf_counter() - t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+    try:
+        out, err = proc.communicate(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        # a hang fails the test, saying what each process of the job was doing then
+        job = _descendants(proc.pid)
+        states = "\n".join(_describe(pid) for pid in [proc.pid, *job])
+        proc.kill()  # hydra's proxy ends its ranks when mpiexec dies
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # ranks still holding the pipes: end them too
+            for pid in job:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"mpiexec did not end within {deadline_s} s; its processes then (pid state wchan command):\n"
+                    f"{states}\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.perf_counter() - t0
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+def _describe(pid: int) -> str:
+    def read(name: str) -> str:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return "?"
+
+    state = read("stat").rpartition(")")[2].split()[:1]
+    return f"{pid} {state[0] if state else '?'} {read('wchan')} {read('cmdline').replace(chr(0), ' ').strip()}"
 
 
 def fit_errors(proc) -> dict[int, str]:
