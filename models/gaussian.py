@@ -337,14 +337,14 @@ class FullGaussian(Leaf):
         self._chol = chol
 
     @classmethod
-    def _fitted(cls, mean: np.ndarray, cov: np.ndarray) -> "FullGaussian":
+    def _fitted(cls, mean: np.ndarray, cov: np.ndarray, strict: bool = True) -> "FullGaussian | None":
         """``FullGaussian(mean, cov)`` for an M-step's result, with the checks its making
         already settles left out: ``mean`` and ``cov`` are fresh arrays nothing else holds
         (kept, made read-only, not copied) and ``cov`` is exactly symmetric (``_estimate``
         averages it with its transpose, then adds to the diagonal only). Everything the
         values themselves decide is still checked (float64, C order, shapes, finite, and
         positive definite: the Cholesky factor the caches need); a value that fails goes
-        through the constructor, which names the problem."""
+        through the constructor, which names the problem (or, with ``strict=False``, gives None)."""
         d = mean.shape[0] if mean.ndim == 1 else 0
         if (d and mean.dtype == np.float64 and cov.dtype == np.float64 and cov.shape == (d, d)
                 and cov.flags.c_contiguous and mean.flags.owndata and cov.flags.owndata
@@ -361,7 +361,7 @@ class FullGaussian(Leaf):
                 node.mean, node.cov, node._sizes, node._unset = mean, cov, {"dim": d}, ()
                 node._factor(chol)
                 return node
-        return cls(mean, cov)
+        return cls(mean, cov) if strict else None
 
     @property
     def dim(self) -> int:
@@ -395,22 +395,20 @@ class FullGaussian(Leaf):
             P = np.empty((k, d + 1 + iu[0].size)) if features else None
             G = np.empty((k, d, d + 1))
             chols = np.array([g._prec_chol for g in leaves])
-            for i, g in enumerate(leaves):
-                L = chols[i]
-                # whitened: z = L' (x - mean) = L' xc - L' mc
-                G[i, :, :d] = L.T
-                G[i, :, d] = -(mc[i] @ L)
-                if features:
-                    prec = L @ L.T
-                    lm = prec @ mc[i]
-                    # -0.5 * (xc' prec xc - 2 xc' prec mc + mc' prec mc + const)
-                    P[i, :d] = lm
-                    P[i, d] = -0.5 * (mc[i] @ lm + g._const)
-                    P[i, d + 1 :] = coef * prec[iu]
+            const = np.array([g._const for g in leaves])
+            # whitened: z = L' (x - mean) = L' xc - L' mc, all components at once
+            G[:, :, :d] = chols.transpose(0, 2, 1)
+            G[:, :, d] = -(mc[:, None, :] @ chols)[:, 0, :]
+            if features:
+                prec = chols @ chols.transpose(0, 2, 1)
+                lm = (prec @ mc[:, :, None])[:, :, 0]
+                # -0.5 * (xc' prec xc - 2 xc' prec mc + mc' prec mc + const)
+                P[:, :d] = lm
+                P[:, d] = -0.5 * (np.einsum("ki,ki->k", mc, lm) + const)
+                P[:, d + 1 :] = coef * prec[:, iu[0], iu[1]]
             # prec = L L' is rounded: bound with |L| |L|' rather than |prec|, i.e. by the
             # squared spectral norm of |L| (one batched SVD for all components)
             lam = _spectral_norms(np.abs(chols)) ** 2 if features else np.empty(k)
-            const = np.array([g._const for g in leaves])
             pconst = np.abs(P[:, d]) if features else np.full(k, np.inf)
             return _Expanded(c=c, P=P, lam=lam, slack=2 * d + 3, mc_norm=_row_norms(mc), pconst=pconst,
                              const=const, mc=mc, whiten=G.reshape(k * d, d + 1))
@@ -494,10 +492,15 @@ class FullGaussian(Leaf):
         mean = sx / sw
         cov = sxx / sw - mean[:, None] * mean[None, :]  # np.outer's own product, without its call
         cov = 0.5 * (cov + cov.T)
+        node = FullGaussian._fitted(mean, cov, strict=False)
+        # cov's least eigenvalue is 1 / ||L^-1||_2^2 >= 1 / ||L^-1||_F^2: when that is well above
+        # the floor (a factor 2 for rounding), the floor cannot apply and needs no eigenvalues
+        if node is not None and 2.0 * VAR_FLOOR * float(np.square(node._prec_chol).sum()) <= 1.0:
+            return node
         low = np.linalg.eigvalsh(cov)[0]
         if low < VAR_FLOOR:
-            cov = cov + (VAR_FLOOR - low) * np.eye(self.dim)
-        return FullGaussian._fitted(mean, cov)
+            return FullGaussian._fitted(mean, cov + (VAR_FLOOR - low) * np.eye(self.dim))
+        return node if node is not None else FullGaussian._fitted(mean, cov)
 
     def _sample(self, n, rng):
         return self.mean + rng.standard_normal((n, self.dim)) @ self._chol.T
