@@ -414,8 +414,12 @@ class Search:
         if lb + extra >= enough or remaining < 0.05 or self.coarse.n_units * m > self.cfg.max_program_cells:
             return lb + extra
         hint = HEURISTICS["lpt"](self.coarse, cols)
-        ref = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)[0]
-        q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint, hint_total=ref)
+        ref, fits = self.price_leaves(self.coarse.leaf_shard(hint, self.facts.n_leaves), m, layout, rows)
+        # only a plan the program accepts is a hint (see :meth:`program` on hints and presolve);
+        # the pricing knows one replica's memory only
+        ok = fits is not False and d == 1
+        q = Queued(bound=lb, d=1, m=m, layout=layout, rows=rows, hint=hint if ok else None,
+                   hint_total=ref if ok else math.inf)
         got = self.program(q, min(remaining, RELAX_SHARE * self.cfg.time_limit_s), offer=False, memory_d=d,
                            extra_s=extra)
         return got + extra
