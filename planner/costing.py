@@ -297,6 +297,46 @@ def replica_rows(n_data: int, speeds) -> list[int]:
     return rows
 
 
+def capped_rows(n_data: int, speeds, caps) -> list[int] | None:
+    """Rows proportional to ``speeds`` as :func:`replica_rows`, but none above its replica's
+    ``caps`` (the most rows its memory holds, :func:`row_caps`): a replica at its cap keeps
+    it and the others share the rest, again by speed. None when the caps cannot hold
+    ``n_data`` rows or some replica cannot hold one."""
+    speeds = [float(s) for s in speeds]
+    caps = [int(c) for c in caps]
+    d = len(speeds)
+    if d > n_data or min(caps) < 1 or sum(caps) < n_data:
+        return None
+    rows = [0] * d
+    free, left = list(range(d)), n_data
+    while free:  # water-filling: fix each replica whose share exceeds its cap, share the rest again
+        total = sum(speeds[r] for r in free)
+        over = [r for r in free if left * speeds[r] / total > caps[r]]
+        if not over:
+            break
+        for r in over:
+            rows[r] = caps[r]
+            left -= caps[r]
+        free = [r for r in free if r not in over]
+    if free:
+        if left < len(free):
+            return None
+        for r, x in zip(free, replica_rows(left, [speeds[r] for r in free])):
+            rows[r] = x
+    for r in range(d):  # rounding may lift a replica a row above its cap: move those rows on
+        extra = rows[r] - caps[r]
+        if extra <= 0:
+            continue
+        rows[r] = caps[r]
+        for q in sorted(range(d), key=lambda q: rows[q] / speeds[q]):
+            move = min(extra, caps[q] - rows[q])
+            rows[q] += move
+            extra -= move
+        if extra:
+            return None
+    return rows
+
+
 # ---------------------------------------------------------------- the iteration cost
 @dataclass(frozen=True, eq=False)
 class Evaluation:
@@ -339,14 +379,10 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     if rows is None:
         rows = replica_rows(n_data, speed.min(axis=1))
     rows_f = np.asarray(rows, dtype=np.float64)
-    block = np.minimum(rows_f, float(facts.block_rows))
     couple = sums.coupling_bytes_per_row if m > 1 else 0.0
     flops = rows_f[:, None] * sums.flops[None, :]
     seconds = flops / speed + block_counts(rows_f, facts.block_rows)[:, None] * (NODE_CALL_S * sums.calls)[None, :]
-    memory = (sums.data[None, :] * rows_f[:, None]
-              + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
-              + fixed_bytes(sums.param, sums.stat, sums.cache, d)[None, :] + base_bytes(facts, d))
-    memory[0, 0] += coordinator_bytes(facts, resources)
+    memory = cell_memory(facts, resources, sums, m, rows_f)
     limit = memories[grid]
     known = np.isfinite(limit)
     if np.any(np.ceil(memory[known]) > limit[known]):
@@ -373,6 +409,36 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
                    total_s=total)
     return Priced(breakdown=bd, fits=fits, rows=np.asarray(rows, dtype=np.int64), flops=flops, seconds=seconds,
                   memory=memory, sums=sums)
+
+
+def cell_memory(facts: ModelFacts, resources: Resources, sums: ShardSums, m: int, rows) -> np.ndarray:
+    """``(d, m)`` bytes of every cell with ``rows[r]`` rows per replica (module docstring):
+    data per row, working arrays per block row, fixed bytes for the grid's ``d``, the
+    worker base, and the coordinator's bytes on cell ``(0, 0)``."""
+    rows_f = np.asarray(rows, dtype=np.float64)
+    d = rows_f.size
+    block = np.minimum(rows_f, float(facts.block_rows))
+    couple = sums.coupling_bytes_per_row if m > 1 else 0.0
+    memory = (sums.data[None, :] * rows_f[:, None]
+              + (sums.work + sums.scratch + COUPLING_COPIES * couple)[None, :] * block[:, None]
+              + fixed_bytes(sums.param, sums.stat, sums.cache, d)[None, :] + base_bytes(facts, d))
+    memory[0, 0] += coordinator_bytes(facts, resources)
+    return memory
+
+
+def row_caps(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums, placement) -> np.ndarray:
+    """The most rows (at most ``n_data``; 0: not one) each replica of ``placement`` can hold
+    with the shards of ``sums``, every cell within its worker's memory as :func:`price`
+    checks it (memory is non-decreasing in rows: bisection, all replicas at once)."""
+    grid = np.asarray(placement, dtype=np.int64)
+    d, m = grid.shape
+    limit = worker_arrays(resources)[1][grid]
+    lo, hi = np.zeros(d, dtype=np.int64), np.full(d, int(n_data), dtype=np.int64)
+    while np.any(lo < hi):
+        mid = (lo + hi + 1) // 2
+        good = np.all(np.ceil(cell_memory(facts, resources, sums, m, mid)) <= limit, axis=1)
+        lo, hi = np.where(good, mid, lo), np.where(good, hi, mid - 1)
+    return lo
 
 
 def evaluate(facts: ModelFacts, resources: Resources, n_data: int, leaf_shard, placement: list[list[int]],

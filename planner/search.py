@@ -17,7 +17,7 @@ from emgrid.models.base import Node
 
 from .bounds import Bounds
 from .config import SolverConfig
-from .costing import coordinator_bytes, mstep_s, price, replica_rows, shard_sums
+from .costing import capped_rows, coordinator_bytes, mstep_s, price, replica_rows, row_caps, shard_sums
 from .dataparallel import solve_groups
 from .facts import ModelFacts, model_facts, worker_arrays
 from .heuristics import HEURISTICS, columns, run_all
@@ -303,7 +303,10 @@ class Search:
                 out.append(swapped)
         return out
 
-    def visit(self, layout: Layout, bounds: Bounds, rows: list[int]) -> None:
+    def visit(self, layout: Layout, bounds: Bounds, rows: list[int], repair: bool = True) -> None:
+        """Prices every heuristic on ``layout`` with ``rows`` and queues its program; when the
+        rows were not searched all (:meth:`row_options`), also each heuristic's assignment
+        with the rows its memory allows (:meth:`repaired_rows`), and queues those rows too."""
         d, m = layout.d, layout.m
         self.counts["layouts"] += 1
         g = np.asarray(layout.grid)
@@ -334,6 +337,25 @@ class Search:
                 total, fits = self.price_leaves(unit_shard, m, layout, rows)
                 self.offer(total, fits, d, m, layout, rows, unit_shard, name + "/leaves")
         self.queue.append(q)
+        if repair and d > 1 and not self.all_splits.get((d, m)):
+            tried = {tuple(rows)}
+            for name, unit_shard in run_all(self.coarse, cols).items():
+                other = self.repaired_rows(self.coarse.leaf_shard(unit_shard, self.facts.n_leaves), layout)
+                if other is not None and tuple(other) not in tried:
+                    tried.add(tuple(other))
+                    self.visit(layout, bounds, other, repair=False)
+
+    def repaired_rows(self, leaf_shard, layout: Layout) -> list[int] | None:
+        """Rows by speed as in :meth:`row_options`, capped where a replica of ``layout``
+        cannot hold them with this assignment (:func:`costing.row_caps`,
+        :func:`costing.capped_rows`); None when they need no cap or cannot be capped."""
+        speed_of, _ = worker_arrays(self.resources)
+        slowest = speed_of[np.asarray(layout.grid)].min(axis=1)
+        rows = replica_rows(self.n, slowest)
+        caps = row_caps(self.facts, self.resources, self.n, shard_sums(self.facts, leaf_shard, layout.m), layout.grid)
+        if all(x <= c for x, c in zip(rows, caps)):
+            return None
+        return capped_rows(self.n, slowest, caps)
 
     # ------------------------------------------------------------ programs
     def solve_queue(self) -> None:
@@ -455,12 +477,16 @@ class Search:
             leaf_shard = self.coarse.leaf_shard(res.unit_shard, self.facts.n_leaves)
             total, fits = self.price_leaves(leaf_shard, q.m, q.layout, q.rows)
             got = scale.seconds(res.objective_ticks) + self.mstep  # the program leaves out the constant
-            if fits is False:
+            if fits is False and memory_d <= 1:  # the pricing knows one replica's memory only
                 self.faults.append(f"{where}: the solver's assignment does not fit when recomputed")
             elif got > total * (1 + FLOAT_TOL) + 1e-12 or got < total * (1 - 1e-4) - 1e-9:
                 self.faults.append(f"{where}: solver objective {got!r} s, recomputed {total!r} s")
             elif offer:
                 self.offer(total, fits, q.d, q.m, q.layout, q.rows, leaf_shard, "cp-sat")
+                other = self.repaired_rows(leaf_shard, q.layout) if not self.all_splits.get((q.d, q.m), True) else None
+                if other is not None:  # the solver's assignment with the rows its memory allows
+                    self.offer(*self.price_leaves(leaf_shard, q.m, q.layout, other), q.d, q.m, q.layout, other,
+                               leaf_shard, "cp-sat/rows")
         if res.status == "cutoff":
             # nothing below the incumbent; grouped units restrict the plans, so prove nothing
             return bound if self.coarse.grouped else max(bound, scale.seconds(res.bound_ticks) + self.mstep)

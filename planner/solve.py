@@ -18,7 +18,9 @@ with its argument:
    (``placement.small_layouts``: every arrangement of worker types closed under dominance,
    up to permutations of replicas and columns) with every split of the rows into ``D``
    positive parts, when both are few (``search.MAX_ROW_SPLITS``). Their lower bound is the
-   least bound over their layouts and rows.
+   least bound over their layouts and rows. (When the splits are more, each heuristic's
+   assignment is also tried with the rows its memory allows, ``Search.repaired_rows``, and
+   those rows are queued too.)
 3. Other ``M > 1`` grids (heterogeneous workers with ``D > 1``, or the coordinator's cell
    with ``D > 1`` and known memory) are searched on every layout of distinct cost when
    there are few, else on the four of ``placement.candidate_layouts``, with every split of
@@ -42,10 +44,11 @@ with its argument:
    order, for at most ``SWEEP_SHARE`` of the time limit once a fitting plan is known; each
    layout is priced by every heuristic (``planner.heuristics``) and queued; a grid or
    layout whose bound is not below the incumbent (by more than the relative gap) is pruned.
-6. The queued layouts are solved with CP-SAT in bound order (``planner.program``), hinted
-   with their best heuristic, under what is left of the time limit, each searching only
-   below the incumbent less the relative gap (a proof that nothing is there is the
-   layout's bound, and ends its solve early); every solution is
+6. The queued layouts are solved with CP-SAT in bound order (``planner.program``), under
+   what is left of the time limit, each searching only below the incumbent less the
+   relative gap (a proof that nothing is there is the layout's bound, and ends its solve
+   early; the best heuristic is the hint only while no incumbent is known, since the
+   incumbent is never above it); every solution is
    re-priced in floating point, and a solver bound above a fitting plan of the same
    layout is recorded in ``extra["solver_faults"]`` and not used.
 7. The lower bound is the least bound over all grids; ``status`` is ``"optimal"`` when the

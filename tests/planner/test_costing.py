@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from emgrid.models import Categorical, Composite, Gaussian, Mixture
 from emgrid.models.cost import tree_costs
 from emgrid.models.shard import coupling_bytes_per_row, shard_roots, spanning_nodes
-from emgrid.planner.costing import replica_rows, shard_sums
+from emgrid.planner import Network, Resources, Worker
+from emgrid.planner.costing import capped_rows, cell_memory, replica_rows, row_caps, shard_sums
 from emgrid.planner.facts import model_facts, model_fingerprint
 from tests.planner.helpers import dg, fg, nest, probs
 from tests.strategies import models
@@ -87,3 +88,43 @@ def test_fingerprint_ignores_parameter_values_but_not_structure():
 def test_facts_are_cached_by_identity():
     model = nest()
     assert model_facts(model) is model_facts(model)
+
+
+@given(st.lists(st.sampled_from([1.0, 2.0, 3.5, 0.5]), min_size=1, max_size=5), st.integers(1, 400), st.data())
+def test_capped_rows_follow_speed_under_every_cap(speeds, n, data):
+    d = len(speeds)
+    caps = data.draw(st.lists(st.integers(0, 300), min_size=d, max_size=d), label="caps")
+    got = capped_rows(n, speeds, caps)
+    if d > n or min(caps) < 1 or sum(caps) < n:
+        assert got is None
+        return
+    assert got is not None and sum(got) == n and all(1 <= x <= c for x, c in zip(got, caps)), got
+    plain = replica_rows(n, speeds)
+    if all(x <= c for x, c in zip(plain, caps)):
+        assert got == plain  # caps that do not bind change nothing
+    for r in range(d):  # a replica below its cap is not starved: no replica takes rows it could share
+        for q in range(d):
+            if got[r] < caps[r] and got[q] > 1 and got[q] < caps[q]:
+                assert (got[r] + 1) / speeds[r] >= (got[q] - 1) / speeds[q] - 1e-9, (got, caps)
+
+
+def test_row_caps_are_the_most_rows_each_replicas_cells_hold():
+    model = Composite([fg(8), Categorical(probs(50)), dg(16)])
+    facts = model_facts(model)
+    sums = shard_sums(facts, [0, 1, 1], 2)
+    n = 5000
+    grid = [[0, 1], [2, 3]]
+    # cells' memory at 400 rows and 1,200 rows: the caps land between
+    low = cell_memory(facts, Resources.uniform(4), sums, 2, [400, 400])
+    high = cell_memory(facts, Resources.uniform(4), sums, 2, [1200, 1200])
+    mems = [int(low[0].max()) + 1, int(high[0].max()) + 1, int(low[1].max()) + 1, None]
+    res = Resources(workers=tuple(Worker(name=f"w{i}", flops_per_s=1e9, memory_bytes=m) for i, m in enumerate(mems)),
+                    network=Network())
+    caps = row_caps(facts, res, n, sums, grid)
+    limit = np.array([[np.inf if m is None else m for m in mems[2 * r:2 * r + 2]] for r in range(2)])
+    for r in range(2):
+        def fits(x):
+            rows = [1, 1]
+            rows[r] = x
+            return bool(np.all(np.ceil(cell_memory(facts, res, sums, 2, rows)[r]) <= limit[r]))
+        assert 400 <= caps[r] < 1200 and fits(caps[r]) and not fits(caps[r] + 1), (r, caps)
