@@ -87,11 +87,23 @@ class Mixture(Internal):
         E *= scale  # E now holds each component's row weights
         return E, (E @ np.ones(E.shape[1]),)
 
+    @classmethod
+    def _fitted(cls, children, weights: np.ndarray) -> "Mixture":
+        """``Mixture(children, weights)`` for an M-step's result, without the checks its making
+        settles: ``children`` are the new versions of the old ones (their count and class),
+        ``weights`` come from ``floor_probs`` (frozen float64, every one above the floor, the
+        sum renormalized). The attributes in the order ``Node._init_fields`` sets them."""
+        node = cls.__new__(cls)
+        node.children, node.weights, node._sizes, node._unset = tuple(children), weights, {}, ()
+        node._logw = np.log(weights)
+        return node
+
     def _estimate(self, own, children):
         (counts,) = own
         total = counts.sum()
-        weights = self.weights if total < MIN_WEIGHT else floor_probs(counts / total)
-        return Mixture(children, weights)
+        if total < MIN_WEIGHT:
+            return Mixture(children, self.weights)
+        return Mixture._fitted(children, floor_probs(counts / total))
 
     def _sample(self, n, rng):
         labels, _ = self._draw_labels(n, rng)
