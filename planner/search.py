@@ -324,8 +324,10 @@ class Search:
             self.note_bound(m, lb)
             return
         q = Queued(bound=lb, d=d, m=m, layout=layout, rows=tuple(rows), hint=None, hint_total=math.inf)
+        assignments = []
         for name, unit_shard in run_all(self.coarse, cols).items():
             leaf_shard = self.coarse.leaf_shard(unit_shard, self.facts.n_leaves)
+            assignments.append(leaf_shard)
             total, fits = self.price_leaves(leaf_shard, m, layout, rows)
             self.offer(total, fits, d, m, layout, rows, leaf_shard, name)
             if fits is not False:
@@ -339,8 +341,8 @@ class Search:
         self.queue.append(q)
         if repair and d > 1 and not self.all_splits.get((d, m)):
             tried = {tuple(rows)}
-            for name, unit_shard in run_all(self.coarse, cols).items():
-                other = self.repaired_rows(self.coarse.leaf_shard(unit_shard, self.facts.n_leaves), layout)
+            for leaf_shard in assignments:
+                other = self.repaired_rows(leaf_shard, layout)
                 if other is not None and tuple(other) not in tried:
                     tried.add(tuple(other))
                     self.visit(layout, bounds, other, repair=False)
