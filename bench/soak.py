@@ -30,6 +30,14 @@ one (1e-9 relative); its output folder must then hold only ``model.json``, ``rep
 and ``checkpoint.json``. Counted: fault fits, faults injected (the fit did not finish
 first), resumes equal to the uninterrupted runs, and what the faults left (in the leak
 counts above, and ``output_leftovers``).
+
+Exposure (``--exposure-rounds``, default 1): each round runs ``emgrid fit`` once to its end and
+once killed (SIGKILL) on every executor that starts processes (multiprocessing, mpi through
+emgrid's launcher, dask, ray), each with a private ``TMPDIR``, and counts
+(``tests/executors/exposure_checks.py``): listeners of the fit's processes on a non-loopback
+address (hydra's control port, which this hydra binds to every interface, is listed apart),
+processes of the fit alive 30 s after it ended, entries left in its temporary folder, files
+its processes mapped left in ``/dev/shm``, and Ray session folders left in ``/tmp/ray``.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ from emgrid.executors.faults import ENV as FAULT_ENV  # noqa: E402
 from emgrid.models import from_spec  # noqa: E402
 from emgrid.planner import Resources, balance_plan  # noqa: E402
 from emgrid.planner.plan import BalancePlan  # noqa: E402
+from tests.executors.exposure_checks import EXECUTORS as EXPOSED_EXECUTORS  # noqa: E402
+from tests.executors.exposure_checks import available, leftovers, run_and_watch  # noqa: E402
 
 EXECUTORS = ("local", "multiprocessing", "mpi")
 MiB = 2**20
@@ -299,6 +309,7 @@ def soak(args) -> dict:
                               f"equal={faults[-1]['equal']}", file=sys.stderr)
             for job in chunk:  # every model's datasets can go once its fits are done
                 shutil.rmtree(job["dataset"], ignore_errors=True)
+        exposed = exposure(args.exposure_rounds, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     wall = time.perf_counter() - t_start
@@ -314,7 +325,47 @@ def soak(args) -> dict:
         if f["ok"] and f["executor"] != "local":
             memory += memory_rows(by_job[f["model"]], f["executor"], f["peaks"])
     return {"fits": fits, "jobs": [{k: v for k, v in j.items() if k not in ("model", "plan", "dataset")} for j in jobs],
-            "memory": memory, "mismatches": mismatches, "faults": faults, "leaks": leaks(before), "wall_s": wall}
+            "memory": memory, "mismatches": mismatches, "faults": faults, "exposure": exposed, "leaks": leaks(before),
+            "wall_s": wall}
+
+
+def exposure(rounds: int, folder: Path) -> list[dict]:
+    """Every executor that starts processes, ``rounds`` times, to the end and killed: what
+    its fit listened on beyond loopback and what it left (see the module's docstring)."""
+    out = []
+    for r in range(rounds):
+        for kind in EXPOSED_EXECUTORS:
+            if not available(kind):
+                continue
+            for kill in (False, True):
+                d = folder / f"exposure{r}-{kind}-{'kill' if kill else 'end'}"
+                d.mkdir()
+                tmp = Path(tempfile.mkdtemp(prefix="emx-", dir="/tmp"))  # short: Ray's socket paths
+                t0 = time.perf_counter()
+                try:
+                    watch, proc, err = run_and_watch(kind, d, tmp, kill)
+                    left = leftovers(watch, proc.pid, tmp)
+                    row = {"executor": kind, "killed": kill, "status": proc.returncode, "processes": len(watch.procs),
+                           "exposed": sorted(f"{a}:{p} {sorted(n)}" for (a, p), n in watch.exposed().items()),
+                           "hydra_ports": sorted(watch.mpiexec_ports), **left, "error": ""}
+                except Exception as e:  # noqa: BLE001 - counted
+                    row = {"executor": kind, "killed": kill, "status": None, "processes": 0, "exposed": [],
+                           "hydra_ports": [], "alive": [], "tmp": [], "dev_shm": [], "ray_sessions": [],
+                           "error": f"{type(e).__name__}: {e}"[:300]}
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    shutil.rmtree(d, ignore_errors=True)
+                row["seconds"] = time.perf_counter() - t0
+                out.append(row)
+                print(f"  exposure {kind} {'kill -9' if kill else 'end'}: exposed {len(row['exposed'])}, left "
+                      f"{len(row['alive']) + len(row['tmp']) + len(row['dev_shm']) + len(row['ray_sessions'])}"
+                      f"{', ' + row['error'] if row['error'] else ''}", file=sys.stderr)
+    return out
+
+
+def exposure_problems(row: dict) -> int:
+    return (len(row["exposed"]) + len(row["alive"]) + len(row["tmp"]) + len(row["dev_shm"]) + len(row["ray_sessions"])
+            + bool(row["error"]))
 
 
 FAULT_KINDS = ("coordinator-kill", "worker", "coordinator-term", "launcher")
@@ -402,7 +453,11 @@ def summarize(run: dict, args) -> dict:
               "unexpected_status": sum(f["injected"] and f["status"] != f["expected_status"] for f in fl),
               "output_leftovers": sum(len(f["leftovers"]) for f in fl)}
     leaked += faults["output_leftovers"]
-    return {"faults": faults, "fits": len(run["fits"]), "failures": sum(not f["ok"] for f in run["fits"]) + faults["resumes_differing"]
+    ex = run.get("exposure", [])
+    exposure_summary = {"runs": len(ex), "exposed": sum(len(r["exposed"]) for r in ex),
+                        "left": sum(exposure_problems(r) - len(r["exposed"]) for r in ex)}
+    leaked += exposure_summary["exposed"] + exposure_summary["left"]
+    return {"faults": faults, "exposure": exposure_summary, "fits": len(run["fits"]), "failures": sum(not f["ok"] for f in run["fits"]) + faults["resumes_differing"]
             + faults["unexpected_status"],
             "trace_mismatches": len(run["mismatches"]), "leaked": leaked, "per_executor": per_ex,
             "wall_s": run["wall_s"], "args": vars(args)}
@@ -442,6 +497,20 @@ def markdown(run: dict, s: dict) -> str:
         bad = [f for f in run["faults"] if not f["equal"] or f["leftovers"]]
         lines += [f"- model {f['model']} ({f['fault']} on {f['executor']}): status {f['status']}, resume "
                   f"{f['resume_status']} {f['resume_error'][:200]!r}, leftovers {f['leftovers']}" for f in bad[:20]]
+    ex = run.get("exposure", [])
+    if ex:
+        es = s["exposure"]
+        lines += ["", f"**Exposure: {es['runs']} `emgrid fit` runs (to the end and killed with SIGKILL on every "
+                  f"executor that starts processes): {es['exposed']} listeners beyond loopback, {es['left']} "
+                  f"processes / temporary entries / `/dev/shm` files / Ray sessions left.**", "",
+                  "| executor | end | processes seen | beyond loopback | hydra's control port | alive after | "
+                  "left in TMPDIR | left in /dev/shm | Ray sessions | s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in ex:
+            lines.append(f"| {r['executor']} | {'kill -9' if r['killed'] else 'ended'} | {r['processes']} | "
+                         f"{len(r['exposed'])} | {len(r['hydra_ports'])} | {len(r['alive'])} | {len(r['tmp'])} | "
+                         f"{len(r['dev_shm'])} | {len(r['ray_sessions'])} | {r['seconds']:.1f} |")
+        lines += [f"- {r['executor']} ({'kill -9' if r['killed'] else 'ended'}): {r['exposed']} {r['alive']} "
+                  f"{r['tmp']} {r['dev_shm']} {r['ray_sessions']} {r['error']}" for r in ex if exposure_problems(r)]
     lines += ["", "Memory: each worker's peak RSS above its baseline (`FitResult.worker_peak_bytes`) against the "
               "plan's `per_worker[i].memory_bytes`; `bench/results/memory.md` breaks the prediction into its terms.",
               "", "## Leaks after the run", ""]
@@ -486,6 +555,9 @@ def main() -> int:
     p.add_argument("--batch-timeout", type=float, default=900.0, help="limit of one mpiexec batch")
     p.add_argument("--fault-share", type=float, default=0.25,
                    help="share of the models also fitted by `emgrid fit` with a fault, then resumed")
+    p.add_argument("--exposure-rounds", type=int, default=1,
+                   help="rounds of `emgrid fit` on every executor, to the end and killed, watched for listeners "
+                        "beyond loopback and leftovers")
     p.add_argument("--out", default=str(HERE / "results" / "soak"))
     args = p.parse_args()
     run = soak(args)

@@ -18,6 +18,16 @@ than 0 that stops on a FitError (it found a rank that hangs, say) writes its mes
 processes that are not its children): the first rank to exit, in a job rank 0 did not finish,
 is the one that died. Without ``pidfd`` the line says that a rank died, not which.
 
+Addresses and scratch (:func:`job_env`): the job runs on this machine alone, so its ranks'
+UCX transport is held to the loopback device (``UCX_NET_DEVICES=lo``, unless the environment
+names devices or a host file); hydra's own control port, which the ranks' proxy connects
+back to, listens on every interface whatever this hydra is told (``-iface``,
+``HYDRA_IFACE``, ``HYDRA_USE_LOCALHOST``, ``-localhost`` leave it on 0.0.0.0), for the job's
+lifetime. The job's ``TMPDIR`` is a run-tagged scratch folder
+(:class:`emgrid.executors.scratch.Scratch`), which also holds the record: hydra's
+``hydra_hwloc_xmlfile_*`` and the ranks' temporary files go there and go with it, however
+the launcher ends (its warden removes it after a ``kill -9``).
+
 Signals and orphans (:func:`launch`): ``mpiexec`` runs in a session of its own and gets
 SIGKILL when the parent dies (``PR_SET_PDEATHSIG``), every rank when its parent (hydra's
 proxy) dies; Ctrl-C or SIGTERM at the parent asks rank 0 to stop after its iteration (a
@@ -33,10 +43,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from emgrid.executors.scratch import Scratch, set_parent_death_signal
 
 from .outdir import remove_partial_writes
 
@@ -57,6 +68,19 @@ def mpi_command(ranks: int, argv: list[str], *, debug: bool = False) -> list[str
     mpiexec = Path(sys.executable).with_name("mpiexec")
     return ([str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(ranks), sys.executable, "-m",
              "emgrid.cli.main"] + (["--debug"] if debug else []) + list(argv))
+
+
+def job_env(scratch: Path, record: Path, environ=None) -> dict[str, str]:
+    """The environment of an ``mpiexec`` job of this launcher: ``environ`` (default this
+    process's), the record folder, ``TMPDIR`` in the job's scratch folder, and the ranks'
+    UCX transport on the loopback device unless ``UCX_NET_DEVICES`` or a hydra host file is
+    named (a job across hosts needs their interface: see the README)."""
+    env = dict(os.environ if environ is None else environ)
+    env[ENV] = str(record)
+    env["TMPDIR"] = str(scratch)
+    if "UCX_NET_DEVICES" not in env and "HYDRA_HOST_FILE" not in env:
+        env["UCX_NET_DEVICES"] = "lo"
+    return env
 
 
 def _read_int(path: Path) -> int | None:
@@ -130,7 +154,7 @@ STOP_GRACE_S = float(os.environ.get("EMGRID_STOP_GRACE_S", "30"))
 def launch(cmd: list[str], plan, out: Path | None, max_iter: int, record_dir: Path | None = None) -> int:
     """Runs ``cmd`` (``mpiexec ...``) and returns the command's exit code (see the module);
     ``out``: the fit's output folder, where a failure's line looks for a checkpoint;
-    ``record_dir``: the folder of the ranks' record (default: a new temporary folder).
+    ``record_dir``: the folder of the ranks' record (default: one in the job's scratch folder).
 
     ``mpiexec`` runs in a session of its own, so a terminal's Ctrl-C reaches this process
     alone, and dies with it (``PR_SET_PDEATHSIG``; its ranks with their parents, see
@@ -140,7 +164,9 @@ def launch(cmd: list[str], plan, out: Path | None, max_iter: int, record_dir: Pa
     that has not ended :data:`STOP_GRACE_S` seconds later, or at a second signal, is killed
     (its process group), and the line says so.
     """
-    folder = Path(record_dir) if record_dir is not None else Path(tempfile.mkdtemp(prefix="emgrid-mpi-"))
+    scratch = Scratch("mpi")
+    folder = Path(record_dir) if record_dir is not None else scratch.path / "record"
+    folder.mkdir(exist_ok=True)
     shm_before = _mpich_shm()
     stop: dict = {"signum": None, "at": None}
     proc = None
@@ -159,7 +185,7 @@ def launch(cmd: list[str], plan, out: Path | None, max_iter: int, record_dir: Pa
     try:
         if threading.current_thread() is threading.main_thread():
             handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        proc = subprocess.Popen(cmd, env=dict(os.environ, **{ENV: str(folder)}), start_new_session=True,
+        proc = subprocess.Popen(cmd, env=job_env(scratch.path, folder), start_new_session=True,
                                 preexec_fn=_die_with_parent(os.getpid()))
         first = _first_to_exit(proc, folder, plan.workers_used, stop)
         while True:
@@ -192,7 +218,9 @@ def launch(cmd: list[str], plan, out: Path | None, max_iter: int, record_dir: Pa
             remove_partial_writes(out)  # a rank killed mid-write leaves its temporary file
         for s, h in handlers.items():
             signal.signal(s, h)
-        shutil.rmtree(folder, ignore_errors=True)
+        if record_dir is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        scratch.close()
         _remove_leaked_shm(shm_before)
 
 
@@ -206,25 +234,6 @@ def _kill_job(proc: subprocess.Popen) -> None:
         proc.wait(5)
     except subprocess.TimeoutExpired:  # pragma: no cover
         pass
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int, parent: int | None = None) -> None:
-    """Linux: this process gets ``sig`` when its parent dies (a no-op elsewhere); when the
-    parent ``parent`` is already gone, exits at once."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if parent is not None and os.getppid() != parent:
-        os._exit(128 + int(sig))
 
 
 def _die_with_parent(parent: int):

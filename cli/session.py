@@ -125,6 +125,57 @@ def shaped_model(cfg: RunConfig, model: Node) -> tuple[Node, int]:
     return complete_shapes(model, data), n_rows(data)
 
 
+def dropped_rows(cfg: RunConfig, model: Node):
+    """The mask of the rows ``[data] drop_missing`` leaves out of the config's one table
+    (None when it drops nothing or does not apply), so that a fit can say which."""
+    d = cfg.data
+    tables = _tables(cfg)
+    if not d.drop_missing or len(tables) != 1:
+        return None
+    from .badrows import missing_mask
+
+    mask = missing_mask(model, tables[0].source, d.sequence_id)
+    return mask if mask.any() else None
+
+
+def spec_files(path: Path) -> list[Path]:
+    """A model spec file and, for a sharded root (``models.sharded``), the shard files it names."""
+    import json
+
+    from emgrid.models.sharded import is_sharded
+
+    files = [Path(path)]
+    if not Path(path).is_file() or Path(path).stat().st_size > 2**26:  # what load_model refuses, it refuses
+        return files
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
+        return files
+    if is_sharded(spec):
+        for entry in spec.get("shards") or []:
+            name = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(name, str):
+                files.append(Path(path).parent / name)
+    return files
+
+
+def config_inputs(cfg: RunConfig, config_path) -> list[tuple[str, Path]]:
+    """Every file a run of ``cfg`` reads, as ``(what, path)``: the config itself, the model
+    spec (and its shard files), the data files, the synthetic data's truth and the
+    resources file. An output that is one of them is refused (``cli.outdir.refuse_inputs``)."""
+    out: list[tuple[str, Path]] = [("the config", Path(config_path))]
+    if cfg.model.spec is not None:
+        out += [("the [model] spec", p) for p in spec_files(cfg.resolve(cfg.model.spec))]
+    d = cfg.data
+    for p in [d.path] if d.path is not None else list(d.paths or []):
+        out.append(("the [data] file", cfg.resolve(p)))
+    if isinstance(d.truth, str):
+        out += [("the [data] truth", p) for p in spec_files(cfg.resolve(d.truth))]
+    if cfg.resources.file is not None:
+        out.append(("the [resources] file", cfg.resolve(cfg.resources.file)))
+    return out
+
+
 def build_resources(cfg: RunConfig):
     """The config's resources; under the MPI executor the rank of cell (0, 0) also
     coordinates (``Resources.coordinator_in_grid``), whatever the resources' source."""

@@ -31,6 +31,16 @@ time is named. Every cell is aborted and released after the fit, however it ende
 still running then (a hung step) has its worker restarted (``client.restart_workers``),
 the only way to stop a Python thread. A cluster the executor started (``address=None``) is
 closed after the fit.
+
+A cluster the executor starts (:func:`local_cluster`) binds its scheduler, workers and their
+HTTP endpoints to 127.0.0.1, with the dashboard off; its worker folders go in a run-tagged
+scratch folder (:class:`executors.scratch.Scratch`) that goes after the fit, however it
+ends (its workers end with this process: they watch a pipe from it). Its workers ignore
+SIGINT (a terminal's Ctrl-C reaches every process of the foreground group: the fit's own
+process stops them, after emgrid's line rather than under 60 lines of their tracebacks), and
+they and this process keep distributed's and tornado's loggers quiet while the fit runs: a
+cell's error reaches the fit's own message (:class:`executors.models.errors.FitError`), not
+distributed's log first. A cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations
@@ -38,8 +48,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import uuid
+from contextlib import contextmanager
 from time import perf_counter, sleep
 from typing import ClassVar
 
@@ -52,6 +64,7 @@ from .loop import GridOutcome, run_em
 from .mstep import update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
+from .scratch import Scratch
 from .step import grid_layout
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, thread_env
 
@@ -63,6 +76,53 @@ _UNREACHABLE = "Unable to contact Actor's worker"
 
 def _import_distributed():
     return import_extra("dask", "distributed")
+
+
+#: Loggers kept quiet while a fit runs on a cluster the executor started: distributed's
+#: ("Compute Failed" with the cell's traceback, before emgrid's own line) and tornado's
+#: (callbacks whose connection closed while the cluster stops).
+QUIET_LOGGERS = ("distributed", "tornado")
+
+
+@contextmanager
+def quiet_logs(names=QUIET_LOGGERS, level: int = logging.CRITICAL):
+    """The loggers ``names`` at ``level`` or above only, and their previous levels back after."""
+    loggers = [logging.getLogger(n) for n in names]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(level, lg.level))
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, before):
+            lg.setLevel(was)
+
+
+def dask_setup(worker) -> None:
+    """Run in every worker process of a cluster the executor starts (a Dask preload: this
+    module is named in the cluster's ``preload``), on the worker's main thread before any
+    task: SIGINT ignored (the fit's own process stops the workers) and distributed's and
+    tornado's loggers quiet (:data:`QUIET_LOGGERS`: the cells' errors travel to the fit)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def local_cluster(n_workers: int, blas_threads: int | None, scratch: Scratch):
+    """A ``LocalCluster`` for one fit: ``n_workers`` processes of one thread, everything on
+    127.0.0.1 (the scheduler's HTTP endpoint, which it keeps without a dashboard, on a port
+    of its own rather than 8787, which another cluster may hold), no dashboard, worker
+    folders in ``scratch``, and :func:`dask_setup` run in every worker."""
+    distributed = _import_distributed()
+    import dask
+
+    with dask.config.set({"temporary-directory": str(scratch.path)}):  # the scheduler's folder too
+        return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                        host="127.0.0.1", dashboard_address=None, silence_logs=logging.CRITICAL,
+                                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                                        local_directory=str(scratch.path), preload=[__name__],
+                                        env=thread_env(blas_threads))
 
 
 class Shipped:
@@ -425,19 +485,21 @@ class DaskExecutor(BaseExecutor):
 
     def run(self, job: FitJob) -> FitResult:
         with limited(self.blas_threads):
-            return self._run(job)
+            if self.address is not None:
+                return self._run(job)
+            with quiet_logs():
+                return self._run(job)
 
     def _run(self, job: FitJob) -> FitResult:
         distributed = _import_distributed()
         client, close = self._client()
         cluster = None
+        scratch = None
         grid = None
         try:
             if client is None:
-                n = self.n_workers or job.plan.workers_used
-                cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                   dashboard_address=None, silence_logs=logging.ERROR,
-                                                   env=thread_env(self.blas_threads))
+                scratch = Scratch("dask")
+                cluster = local_cluster(self.n_workers or job.plan.workers_used, self.blas_threads, scratch)
                 client = distributed.Client(cluster, direct_to_workers=True)
                 close = client.close
             directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
@@ -451,10 +513,14 @@ class DaskExecutor(BaseExecutor):
                 if grid is not None:
                     grid.close(own_cluster=cluster is not None)
             finally:
-                if close is not None:
-                    close()
-                if cluster is not None:
-                    cluster.close()
+                try:
+                    if close is not None:
+                        close()
+                    if cluster is not None:
+                        cluster.close()
+                finally:
+                    if scratch is not None:
+                        scratch.close()
 
     def __repr__(self) -> str:
         return (f"DaskExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "

@@ -17,8 +17,8 @@ Bytes move over pipes, and no process holds the whole model (:mod:`executors.mst
   shard's subtrees from its head only when asked (:meth:`ProcessGrid.fetch`).
 
 Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
-temporary directory when the caller gave arrays) that every worker maps for its own row
-range only.
+run-tagged scratch folder when the caller gave arrays, :class:`executors.scratch.Scratch`,
+removed however the fit ends) that every worker maps for its own row range only.
 
 Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS and OpenMP limited
 to ``blas_threads`` threads (one by default, :mod:`executors.threads`): processes each
@@ -44,11 +44,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import shutil
 import signal
 import struct
 import sys
-import tempfile
 import threading
 import traceback
 from contextlib import contextmanager
@@ -69,6 +67,7 @@ from .memory import PeakMeter, map_large_blocks, warm_up
 from .mstep import ShardPart, column_reduce, report_payload, tree_role, tree_rounds, update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
+from .scratch import Scratch, set_parent_death_signal
 from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, environment, limited, probe, thread_env
 
@@ -94,7 +93,11 @@ def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control:
 
     ``d``: the replicas of the grid. ``peers``: by shard, the pipes to the other shards of
     its replica; ``column``: by replica, the pipes to the workers of its column it meets in
-    the column's tree reduce (:func:`executors.mstep.tree_rounds`)."""
+    the column's tree reduce (:func:`executors.mstep.tree_rounds`). It dies with the
+    process that started it (a worker busy in a step would not read its pipe's end soon)."""
+    parent = mp.parent_process()
+    if parent is not None:
+        set_parent_death_signal(signal.SIGKILL, parent.pid)
     with limited(blas_threads):
         _serve(spec, d, directory, model, control, peers, column, regularization)
 
@@ -566,8 +569,8 @@ class MultiprocessingExecutor(BaseExecutor):
             if isinstance(job.data, NpyDataset):
                 directory = str(job.data.directory)
             else:
-                scratch = tempfile.mkdtemp(prefix="emgrid-data-", dir=self.tmp_dir)
-                directory = str(NpyDataset.write(job.data, scratch).directory)
+                scratch = Scratch("data", self.tmp_dir)
+                directory = str(NpyDataset.write(job.data, scratch.path).directory)
             grid = ProcessGrid(job, directory, mp.get_context(self.start_method), self.timeout_s,
                                self.startup_timeout_s, self.blas_threads)
             grid.start()
@@ -580,7 +583,7 @@ class MultiprocessingExecutor(BaseExecutor):
             if grid is not None:
                 grid.close(failed)
             if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+                scratch.close()
 
     def __repr__(self) -> str:
         return (f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r}, "

@@ -30,6 +30,14 @@ whose process dies is named as soon as Ray reports its actor dead; with ``timeou
 that does not answer in time is named. Every cell is killed (``ray.kill``) after the fit,
 however it ended. A Ray instance the executor started (``address=None`` and no Ray running in
 this process) is shut down after the fit.
+
+Addresses and scratch of a Ray instance the executor starts: every process of it (the
+driver's core worker, the GCS, the raylet and its object manager, the agents, every actor)
+listens on 127.0.0.1 only and the dashboard is off (:func:`start_local`); Ray's
+``session_*`` folder goes in a run-tagged scratch folder (:class:`executors.scratch.Scratch`)
+whose warden, when this process ends however it ends, kills what is left of the instance
+(after a ``kill -9`` of the driver, Ray's two agents would otherwise wait a minute on the
+dead GCS) and removes the folder. A cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from .loop import GridOutcome, run_em
 from .mstep import update_bytes
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
+from .scratch import Scratch
 from .step import grid_layout
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
 
@@ -61,6 +70,44 @@ _CONCURRENCY = 4
 
 def _import_ray():
     return import_extra("ray", "ray")
+
+
+#: Longest temporary folder Ray's session goes in: its Unix sockets' paths
+#: (``.../session_<date>_<pid>/sockets/plasma_store``) must stay within 107 bytes.
+_MAX_SCRATCH_PARENT = 40
+
+
+def start_local(num_cpus: int | None) -> Scratch:
+    """Starts a Ray instance on this machine for one fit, every process of it listening on
+    127.0.0.1 only, its session folder in a new scratch folder (returned: close it after
+    ``ray.shutdown()``).
+
+    Ray resolves a loopback ``_node_ip_address`` to the machine's external address unless it
+    is told this machine is no cluster (``ENABLE_RAY_CLUSTER``, as on macOS); with the
+    loopback address the GCS, the raylet and every worker bind 127.0.0.1 instead of every
+    interface."""
+    ray = _import_ray()
+    import tempfile
+
+    parent = tempfile.gettempdir()
+    scratch = Scratch("ray", parent if len(parent) <= _MAX_SCRATCH_PARENT else "/tmp", kill_at_close=True)
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # pragma: no cover - a Ray without the switch: the address still asks for loopback
+        ray_constants = None
+    was = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    try:
+        if was is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                 _node_ip_address="127.0.0.1", _temp_dir=str(scratch.path))
+    except BaseException:
+        scratch.close()
+        raise
+    finally:
+        if was is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = was
+    return scratch
 
 
 class RayCell:
@@ -325,19 +372,29 @@ class RayExecutor(BaseExecutor):
         self.blas_threads = check_blas_threads(blas_threads)
         #: pids of the cells (grid order), while a fit runs.
         self.worker_pids: list[int] = []
+        self._scratch: Scratch | None = None
 
     def _connect(self) -> bool:
         """Connects this process to Ray; True when it was not connected before (then the
-        caller disconnects after)."""
+        caller disconnects after, :meth:`_disconnect`)."""
         ray = _import_ray()
         if ray.is_initialized():
             return False
         if self.address is None:
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR)
+            self._scratch = start_local(self.num_cpus)
         else:
             ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
         return True
+
+    def _disconnect(self) -> None:
+        """Disconnects from Ray; a local instance started here stops, and its scratch goes."""
+        ray = _import_ray()
+        scratch, self._scratch = self._scratch, None
+        try:
+            ray.shutdown()
+        finally:
+            if scratch is not None:
+                scratch.close()
 
     def default_resources(self) -> Resources:
         ray = _import_ray()
@@ -348,14 +405,13 @@ class RayExecutor(BaseExecutor):
             return Resources.from_ray()
         finally:
             if opened:
-                ray.shutdown()
+                self._disconnect()
 
     def run(self, job: FitJob) -> FitResult:
         with limited(self.blas_threads):
             return self._run(job)
 
     def _run(self, job: FitJob) -> FitResult:
-        ray = _import_ray()
         opened = self._connect()
         grid = None
         try:
@@ -371,7 +427,7 @@ class RayExecutor(BaseExecutor):
                     grid.close()
             finally:
                 if opened:
-                    ray.shutdown()
+                    self._disconnect()
 
     def __repr__(self) -> str:
         return (f"RayExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "

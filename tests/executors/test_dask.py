@@ -28,12 +28,18 @@ from .test_faults import deadline  # noqa: E402
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                       silence_logs=logging.ERROR)
+    """The cluster the executor would start (``local_cluster``: loopback, quiet, its folders in
+    a scratch folder), started once for the module and passed to every fit as a client."""
+    from emgrid.executors.dask_grid import local_cluster
+    from emgrid.executors.scratch import Scratch
+
+    scratch = Scratch("dask")
+    cluster = local_cluster(2, 1, scratch)
     c = distributed.Client(cluster)
     yield c
     c.close()
     cluster.close()
+    scratch.close()
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +172,67 @@ def test_a_cell_that_cannot_open_its_rows_is_named_with_its_error(client, nested
         optimize(dataset, model, plan=grid_plan(model, dataset.n_rows, 2, 1), executor=get("dask", address=client),
                  max_iter=2)
     assert_nothing_left(client)
+
+
+def test_a_cell_error_on_a_cluster_of_its_own_is_emgrids_message_alone(nested, tmp_path, capfd):
+    """On the cluster the executor starts, a cell whose rows cannot be opened stops the fit
+    with the FitError alone: distributed's "Compute Failed" and its traceback (logged by the
+    worker process, on the same stderr) are not printed first, and this process's loggers are
+    as they were after the fit."""
+    model, data = nested
+    dataset = NpyDataset.write(data, tmp_path / "ds", model=model)
+    (tmp_path / "ds" / "c0.npy").unlink()
+    levels = {name: logging.getLogger(name).level for name in ("distributed", "tornado")}
+    with deadline(120), pytest.raises(FitError, match="failed while starting: FileNotFoundError"):
+        optimize(dataset, model, plan=grid_plan(model, dataset.n_rows, 2, 1), executor="dask", max_iter=2)
+    err = capfd.readouterr().err
+    assert "distributed" not in err and "Traceback" not in err, err
+    assert {name: logging.getLogger(name).level for name in levels} == levels
+
+
+CTRL_C_CONFIG = """
+[model]
+inline = { family = "Mixture", weights = [0.5, 0.5], components = [ { family = "Gaussian", mean = -1.0, var = 1.0 },
+  { family = "Gaussian", mean = 1.0, var = 1.0 } ] }
+[data]
+synthetic = 4000
+seed = 0
+[resources]
+workers = 2
+[executor]
+kind = "dask"
+[fit]
+max_iter = 100000
+tol = 0.0
+checkpoint_every = 1
+output = "out"
+"""
+
+
+def test_ctrl_c_at_a_terminal_prints_emgrids_line_alone(tmp_path):
+    """A terminal's Ctrl-C is a SIGINT to every process of the foreground group, the Dask
+    workers included: the fit stops with exit 130 and emgrid's one line, none of the
+    workers' tracebacks."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.toml").write_text(CTRL_C_CONFIG)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "emgrid.cli.main", "fit", "run.toml", "--quiet"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,  # a group of its own, as a terminal's foreground job
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        end = time.monotonic() + 120
+        while not (tmp_path / "out" / "checkpoint.json").exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err
+    assert len(lines) == 1 and lines[0].startswith("emgrid: interrupted"), err

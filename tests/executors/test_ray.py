@@ -1,12 +1,11 @@
 """Ray actors give the local trace on every grid; a killed cell stops the fit, named; nothing stays.
 
-One local Ray instance of two CPUs serves the module; the grids with more cells than CPUs
-give each cell's actor a share of them.
+One local Ray instance of two CPUs serves the module (``start_local``, as the executor starts
+one); the grids with more cells than CPUs give each cell's actor a share of them.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -28,9 +27,14 @@ from .test_faults import deadline  # noqa: E402
 
 @pytest.fixture(scope="module")
 def instance():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    """The instance the executor would start (on loopback, its session in a scratch folder),
+    started here once for the module and used by every fit as a cluster already connected."""
+    from emgrid.executors.ray_grid import start_local
+
+    scratch = start_local(2)
     yield
     ray.shutdown()
+    scratch.close()
 
 
 @pytest.fixture(scope="module")
