@@ -1,4 +1,9 @@
-"""Writers of ``emgrid predict``'s output, one block of rows at a time (see ``cli.predict``)."""
+"""Writers of ``emgrid predict``'s output, one block of rows at a time (see ``cli.predict``).
+
+Each writer takes ``bad``, the mask of data rows that could not be scored (``cli.badrows``,
+``--on-bad-row skip``; None: every row scored): such a row keeps its line(s), with a NaN
+log-likelihood and probabilities and an empty label and Viterbi state (in ``.npz``, -1,
+and the array ``bad_rows`` lists those rows)."""
 
 from __future__ import annotations
 
@@ -41,46 +46,79 @@ def _flat(x):
     return np.asarray(x)
 
 
-def _columns(a: int, ll: np.ndarray, ans) -> dict[str, np.ndarray]:
-    """The table columns of one block: one line per row the node's children read."""
-    if ans is None:
-        return {"row": np.arange(a, a + ll.size), "log_likelihood": ll}
+#: the integer columns a row that could not be scored leaves empty
+EMPTY_WHEN_BAD = ("label", "viterbi")
+
+
+def _columns(a: int, ll: np.ndarray, ans, bad=None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The table columns of one block (one line per row the node's children read) and the
+    mask of its lines whose data row could not be scored (None: none), whose floats are NaN."""
     rows = np.arange(ll.size)
-    for o in ans.offsets:
-        rows = np.repeat(rows, np.diff(o))
-    cols = {"row": rows + a}
-    if ans.offsets:
-        cols["position"] = np.arange(rows.size) - np.searchsorted(rows, rows, side="left")
-    cols["log_likelihood"] = ll[rows]
-    cols["label"] = _flat(ans.label)
-    proba = _flat(ans.proba)
-    cols.update({f"p{k}": proba[:, k] for k in range(proba.shape[1])})
-    if ans.viterbi is not None:
-        cols["viterbi"] = _flat(ans.viterbi)
-    return cols
+    if ans is not None:
+        for o in ans.offsets:
+            rows = np.repeat(rows, np.diff(o))
+    empty = None
+    if bad is not None and bad[a:a + ll.size].any():
+        empty = bad[a:a + ll.size][rows]
+    if ans is None:
+        cols = {"row": rows + a, "log_likelihood": ll}
+    else:
+        cols = {"row": rows + a}
+        if ans.offsets:
+            cols["position"] = np.arange(rows.size) - np.searchsorted(rows, rows, side="left")
+        cols["log_likelihood"] = ll[rows]
+        cols["label"] = _flat(ans.label)
+        proba = _flat(ans.proba)
+        cols.update({f"p{k}": proba[:, k] for k in range(proba.shape[1])})
+        if ans.viterbi is not None:
+            cols["viterbi"] = _flat(ans.viterbi)
+    if empty is not None:
+        for k, c in cols.items():
+            if c.dtype.kind == "f":
+                c = c.copy()
+                c[empty] = np.nan
+                cols[k] = c
+    return cols, empty
 
 
-def write_csv(model, data, at, out: Path, *, rows_per_block=None) -> int:
+def _csv_lines(cols: dict[str, np.ndarray], empty: np.ndarray) -> str:
+    """A block's lines with the integer answers of its ``empty`` lines left empty."""
+    text = []
+    for k, c in cols.items():
+        s = np.char.mod("%.17g" if c.dtype.kind == "f" else "%d", c).astype(object)
+        if k in EMPTY_WHEN_BAD:
+            s[empty] = ""
+        text.append(s)
+    return "".join(",".join(line) + "\n" for line in zip(*text))
+
+
+def write_csv(model, data, at, out: Path, *, rows_per_block=None, bad=None) -> int:
     n = 0
     with open(out, "w") as f:
         for a, b, ll, ans in _answers(model, data, at, rows_per_block):
-            cols = _columns(a, ll, ans)
+            cols, empty = _columns(a, ll, ans, bad)
             if a == 0:
                 f.write(",".join(cols) + "\n")
-            fmt = ["%.17g" if c.dtype.kind == "f" else "%d" for c in cols.values()]
-            np.savetxt(f, np.column_stack([c.astype(np.float64) for c in cols.values()]), fmt=fmt, delimiter=",")
+            if empty is not None:
+                f.write(_csv_lines(cols, empty))
+            else:
+                fmt = ["%.17g" if c.dtype.kind == "f" else "%d" for c in cols.values()]
+                np.savetxt(f, np.column_stack([c.astype(np.float64) for c in cols.values()]), fmt=fmt, delimiter=",")
             n = b
     return n
 
 
-def write_parquet(model, data, at, out: Path, *, rows_per_block=None) -> int:
+def write_parquet(model, data, at, out: Path, *, rows_per_block=None, bad=None) -> int:
     pa = require_pyarrow()
     import pyarrow.parquet as pq
 
     writer, n = None, 0
     try:
         for a, b, ll, ans in _answers(model, data, at, rows_per_block):
-            table = pa.table(_columns(a, ll, ans))
+            cols, empty = _columns(a, ll, ans, bad)
+            table = pa.table({k: pa.array(c, mask=empty if (empty is not None and k in EMPTY_WHEN_BAD) else None,
+                                          type=pa.int64() if c.dtype.kind in "iu" else None)
+                              for k, c in cols.items()})
             writer = writer or pq.ParquetWriter(str(out), table.schema)
             writer.write_table(table)
             n = b
@@ -90,7 +128,7 @@ def write_parquet(model, data, at, out: Path, *, rows_per_block=None) -> int:
     return n
 
 
-def write_npz(model, data, at, out: Path, *, rows_per_block=None) -> int:
+def write_npz(model, data, at, out: Path, *, rows_per_block=None, bad=None) -> int:
     """Each array is filled block by block in a memory-mapped ``.npy`` beside the output,
     then stored in the ``.npz`` archive (what ``np.load`` reads)."""
     n = n_rows(data)
@@ -110,11 +148,19 @@ def write_npz(model, data, at, out: Path, *, rows_per_block=None) -> int:
                                  else np.float64, shape=s) for k, s in shapes.items()}
         done = 0
         for a, b, ll, ans in _answers(model, data, at, rows_per_block):
-            arrays["log_likelihood"][a:b] = ll
+            empty = None if bad is None or not bad[a:b].any() else bad[a:b]
+            arrays["log_likelihood"][a:b] = ll if empty is None else np.where(empty, np.nan, ll)
             if ans is not None:
                 values = {"label": _flat(ans.label), "proba": _flat(ans.proba)}
                 if ans.viterbi is not None:
                     values["viterbi"] = _flat(ans.viterbi)
+                if empty is not None:
+                    lines = np.arange(b - a)
+                    for o in ans.offsets:
+                        lines = np.repeat(lines, np.diff(o))
+                    lines = empty[lines]
+                    values = {k: np.where(lines if v.ndim == 1 else lines[:, None], -1 if k != "proba" else np.nan, v)
+                              for k, v in values.items()}
                 for key, v in values.items():
                     arrays[key + deep][done:done + v.shape[0]] = v
                 done += values["label"].shape[0]
@@ -127,5 +173,8 @@ def write_npz(model, data, at, out: Path, *, rows_per_block=None) -> int:
                 for j, o in enumerate(levels):
                     with z.open(f"{key}{'.values' * j}.offsets.npy", "w", force_zip64=True) as f:
                         write_array(f, np.asarray(o, dtype=np.int64))
+            if bad is not None:
+                with z.open("bad_rows.npy", "w", force_zip64=True) as f:
+                    write_array(f, np.flatnonzero(bad).astype(np.int64))
         del arrays
     return n

@@ -6,7 +6,9 @@ model after it (whole, or for a model the plan splits over shards the root of
 the run: the model's structure (every node's family, sizes and data type, in pre-order), the
 data (rows, and per file its size and a BLAKE2b digest of its bytes: streamed whole up to
 :data:`FULL_HASH_BYTES`, beyond that the first, last and :data:`SAMPLED_BLOCKS` evenly spaced
-blocks of :data:`BLOCK_BYTES`; synthetic data: its row count, seed and truth) and the fit
+blocks of :data:`BLOCK_BYTES`; synthetic data: its row count, seed and truth), what a row of
+a table is (``[data] sequence_id``, ``drop_missing`` and the columns every leaf reads: the
+same file read another way gives other rows, or the same rows grouped otherwise) and the fit
 settings that change the trace (``reg_covar``, ``pseudo_count``, a template's ``n_init``,
 ``seed``, ``init``, ``init_iter``). The plan (grid, executor) is recorded, not compared: every
 executor and grid give the same trace, so a fit may resume on other workers.
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from emgrid.models import Node, from_spec
 from emgrid.models.errors import ConfigError, EmgridError
-from emgrid.models.sharded import is_sharded, model_from_root, remove_stale_shard_files, write_shards
+from emgrid.models.sharded import Written, is_sharded, model_from_root, shard_file_names, write_shards
 
 from .outdir import describe_os_error
 
@@ -61,6 +63,9 @@ class Fingerprint(_Strict):
     n_rows: int = Field(ge=1)
     data: list[DataFile] = []
     synthetic: str | None = None  # "N rows, seed S, truth <digest>"
+    #: what a row is: ``[data] sequence_id``, ``drop_missing`` and ``columns`` (every leaf's
+    #: columns of a table), as text; None in a checkpoint written before emgrid recorded them
+    rows: dict[str, str] | None = None
     fit: dict[str, str | float | int]
     plan: str = ""  # recorded, not compared
 
@@ -88,10 +93,51 @@ class Fingerprint(_Strict):
                 return f"the data file {x.path!r} changed: {x.bytes} bytes -> {y.bytes} bytes"
             if x.digest != y.digest:
                 return f"the data file {x.path!r} changed: its content digest differs"
+        rows = _rows_change(self.rows, other.rows)
+        if rows is not None:
+            return rows
         for key in sorted(set(self.fit) | set(other.fit)):
             if self.fit.get(key) != other.fit.get(key):
                 return f"[fit] {key} changed: {self.fit.get(key)!r} -> {other.fit.get(key)!r}"
         return None
+
+
+#: how a table's rows are read when nothing says otherwise (what an older checkpoint assumed)
+DEFAULT_ROWS = {"sequence_id": "none", "drop_missing": "false", "columns": ""}
+
+
+def _rows_change(was: dict | None, now: dict | None) -> str | None:
+    """What changed in how the rows are read, as ``[data] <setting> changed: a -> b``."""
+    if was is None:  # an older checkpoint: it can only have been read the default way
+        if now is None or now == DEFAULT_ROWS:
+            return None
+        was = None
+    now = now or DEFAULT_ROWS
+    for key in ("sequence_id", "drop_missing", "columns"):
+        a = "not recorded by this checkpoint" if was is None else was.get(key, DEFAULT_ROWS[key])
+        b = now.get(key, DEFAULT_ROWS[key])
+        if a != b:
+            what = "the columns the model reads" if key == "columns" else f"[data] {key}"
+            return f"{what} changed: {a or 'none'} -> {b or 'none'}"
+    return None
+
+
+def row_settings(cfg, model: Node) -> dict[str, str]:
+    """What a row of the config's data is (see :class:`Fingerprint`): the ``[data]`` settings
+    that read a table otherwise and, for a table, every leaf's columns by path."""
+    d = cfg.data
+    paths = [d.path] if d.path is not None else list(d.paths or [])
+    columns = ""
+    if d.synthetic is None and any(Path(p).suffix.lower() in (".csv", ".parquet") for p in paths):
+        from emgrid.models.tables import column_tree
+
+        try:
+            _, reads = column_tree(model, d.sequence_id)
+        except EmgridError:
+            reads = {}
+        columns = "; ".join(f"{p or '<root>'}: {','.join(c.names)}" for p, c in sorted(reads.items()))
+    return {"sequence_id": repr(d.sequence_id) if d.sequence_id is not None else "none",
+            "drop_missing": "true" if d.drop_missing else "false", "columns": columns}
 
 
 class Checkpoint(_Strict):
@@ -174,8 +220,8 @@ def fingerprint(cfg, model: Node, n_rows: int, plan=None) -> Fingerprint:
     if model.is_template:
         fit.update(n_init=f.n_init, seed=f.seed, init=f.init, init_iter=f.init_iter)
     plan_text = "" if plan is None else f"{plan.data_parallel}x{plan.model_parallel} grid on {cfg.executor.kind}"
-    return Fingerprint(model=model_structure(model), n_rows=n_rows, data=files, synthetic=synthetic, fit=fit,
-                       plan=plan_text)
+    return Fingerprint(model=model_structure(model), n_rows=n_rows, data=files, synthetic=synthetic,
+                       rows=row_settings(cfg, model), fit=fit, plan=plan_text)
 
 
 def write_checkpoint(folder: Path, iteration: int, model, trace: list[float],
@@ -193,17 +239,32 @@ def write_checkpoint(folder: Path, iteration: int, model, trace: list[float],
     folder = Path(folder)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, Node):
-        spec, files = model.to_spec(), []
-    else:
-        written = write_shards(model, folder, SHARD_STEM, write=outdir.write_atomic)
-        spec, files = written.spec, written.files
-    payload = {"format": FORMAT, "iteration": int(iteration), "model": spec,
+    written = write_model_files(model, folder, SHARD_STEM)
+    payload = {"format": FORMAT, "iteration": int(iteration), "model": written.spec,
                "log_likelihood": [float(x) for x in trace],
                "fingerprint": None if fingerprint is None else fingerprint.model_dump()}
-    path = outdir.write_atomic(folder / CHECKPOINT, json.dumps(payload))
-    remove_stale_shard_files(folder, SHARD_STEM, files)
+    path = outdir.write_output(folder / CHECKPOINT, json.dumps(payload))
+    outdir.remove_stale_shard_files(folder, SHARD_STEM, written.files)
     return path
+
+
+def write_model_files(model, folder: Path, stem: str) -> Written:
+    """The shard files of ``model`` (a whole Node, or an ``executors.mstep.Shards``) as
+    ``<stem>.<tag>.shard-<s>.json`` in ``folder``, each recorded in the folder's manifest
+    before it is written (``cli.outdir``); returns what was written (``models.sharded.Written``:
+    the root spec naming them, unwritten, their names, the free parameters). A model no node
+    splits gives its plain spec and no file."""
+    import secrets
+
+    from . import outdir
+
+    if isinstance(model, Node):
+        return Written(spec=model.to_spec(), n_parameters=model.n_parameters())
+    tag = None
+    if not model.view.whole:
+        tag = secrets.token_hex(4)
+        outdir.record_outputs(folder, shard_file_names(stem, tag, model.view.n_shards))
+    return write_shards(model, folder, stem, write=outdir.write_atomic, tag=tag)
 
 
 def checkpoint_files(folder: Path) -> list[str]:

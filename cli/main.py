@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 from .predict import add_parser as add_predict_parser
-from .predict import cmd_predict, fit_summary
+from .predict import cmd_predict, fit_summary, skipped_note
 
 EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -160,6 +160,19 @@ def _n_rows(data):
     return data.n_rows if isinstance(data, NpyDataset) else n_rows(data)
 
 
+def _n_observations(model, data) -> int:
+    """The ``n`` of BIC: positions when the rows are sequences (as hmmlearn counts), else rows."""
+    from emgrid.executors import NpyDataset
+    from emgrid.models.inference import n_observations
+
+    return data.n_observations() if isinstance(data, NpyDataset) else n_observations(model, data)
+
+
+#: the files a fit writes under these names in its output folder (its shard files have a new
+#: tag on every write, so they never name an existing file)
+FIT_OUTPUTS = ("model.json", "report.json", "checkpoint.json")
+
+
 def _under_mpiexec() -> bool:
     from .launch import under_mpiexec
 
@@ -167,12 +180,13 @@ def _under_mpiexec() -> bool:
 
 
 def cmd_fit(args) -> int:
+    from emgrid.executors.datafiles import table_scratch
     from emgrid.models import complete_shapes
 
     from .checkpoint import fingerprint
     from .launch import RankRecord
     from .outdir import OutputFolder
-    from .session import build_data, build_model, table_dataset
+    from .session import build_data, build_model, config_inputs, dropped_rows, table_dataset
 
     cfg = _config(args)
     if cfg.executor.kind == "mpi" and not _under_mpiexec():
@@ -187,13 +201,18 @@ def cmd_fit(args) -> int:
     # the lock for its ranks); its scratch holds every temporary file of the run
     folder = OutputFolder.open(out) if lead and record is None else None
     try:
+        if folder is not None:
+            folder.refuse_inputs(FIT_OUTPUTS, config_inputs(cfg, args.config))
         model = build_model(cfg)
         scratch = folder.scratch("table") if folder is not None else _rank_scratch(record, "table")
         # a .parquet / .csv file: every worker reads only its rows of it (the dataset's folder
         # holds the row offsets and lives as long as the fit)
-        with tempfile.TemporaryDirectory(prefix="emgrid-table-", dir=scratch) as tables:
+        with table_scratch(scratch) as tables:  # named for this process: a run after a kill removes it
             table = table_dataset(cfg, model, tables)
-            data = table if table is not None else build_data(cfg, model)
+            with warnings.catch_warnings():  # the rows drop_missing leaves out: said below, by number
+                warnings.filterwarnings("ignore", message="dropped .* rows with a missing value")
+                data = table if table is not None else build_data(cfg, model)
+            dropped = dropped_rows(cfg, model)
             # a template's sizes from the data, before planning
             model = complete_shapes(model, table.open(lazy=True) if table is not None else data)
             n = table.n_rows if table is not None else _n_rows(data)
@@ -203,7 +222,7 @@ def cmd_fit(args) -> int:
             if cfg.executor.kind == "multiprocessing":  # its copy of the data, in the folder's scratch
                 options["tmp_dir"] = str(folder.scratch("data") if folder is not None else tables)
             return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=record,
-                           fingerprint=fp, executor_options=options)
+                           fingerprint=fp, executor_options=options, dropped=dropped)
     finally:
         if folder is not None:
             folder.close()
@@ -242,10 +261,11 @@ def _launch_mpi(args, cfg) -> int:
     from .checkpoint import fingerprint, read_checkpoint
     from .launch import launch, mpi_command
     from .outdir import OutputFolder
-    from .session import build_model, shaped_model
+    from .session import build_model, config_inputs, shaped_model
 
     out = cfg.resolve(cfg.fit.output)
     with OutputFolder.open(out) as folder:
+        folder.refuse_inputs(FIT_OUTPUTS, config_inputs(cfg, args.config))
         model, n = shaped_model(cfg, build_model(cfg))
         plan = _plan(cfg, model, n)
         if args.resume:
@@ -271,7 +291,7 @@ def _signal_exit(e: BaseException) -> int:
 
 
 def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, fingerprint=None,
-            executor_options=None) -> int:
+            executor_options=None, dropped=None) -> int:
     """Fits and writes the results. The model is written shard by shard
     (``models.sharded``): every checkpoint from the grid's shards inside the callback of its
     iteration, while the workers hold them, and ``model.json`` likewise inside the callback of
@@ -280,15 +300,18 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
     when this process kept that model: a ``local`` fit's (its grid is this process) or one
     of at most :data:`HOLD_BYTES` of parameters (gathered from the shards after every
     iteration); for a larger model on other workers the last periodic checkpoint is what
-    remains."""
+    remains. ``dropped``: the mask of the file's rows ``[data] drop_missing`` left out
+    (``session.dropped_rows``; None: none), named in the summary and in ``report.json``."""
     from emgrid.executors import get as get_executor
     from emgrid.executors import optimize
+    import numpy as np
+
     from emgrid.executors.mstep import Shards
     from emgrid.models import ShardView
     from emgrid.models.errors import ConvergenceWarning, FitError
 
     from .checkpoint import read_checkpoint, write_checkpoint
-    from .outdir import OutputError, write_atomic
+    from .outdir import OutputError, write_output
     from .progress import Progress
     from .report import plan_table
 
@@ -322,7 +345,7 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
     def write_model(shards):
         try:
             out.mkdir(parents=True, exist_ok=True)
-            state["written"] = write_model_file(out, shards, write_atomic)
+            state["written"] = write_model_file(out, shards)
         except (OutputError, OSError) as e:
             raise FitError(f"the fit finished but its results cannot be written: {e}") from None
 
@@ -420,6 +443,9 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
         "bytes_moved": result.bytes_moved if result is not None else [],
         "wall_s": time.perf_counter() - t0,
     }
+    if dropped is not None:
+        rows = [int(r) for r in np.flatnonzero(dropped)]
+        report["dropped_rows"] = {"count": len(rows), "of": int(dropped.size), "rows": rows[:DROPPED_LISTED]}
     if result is not None and result.init_log_likelihoods:
         report["init"] = {"log_likelihoods": result.init_log_likelihoods, "best": result.init_best,
                           "seconds": result.init_s, "seeding_seconds": result.init_seeding_s}
@@ -427,22 +453,28 @@ def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, f
         out.mkdir(parents=True, exist_ok=True)
         if state["written"] is None:  # no iteration ran here: the resumed checkpoint's model, whole
             held = Shards.held(ShardView.of(model, plan.shard_of_leaf(), len(plan.model_cuts)), model)
-            state["written"] = write_model_file(out, held, write_atomic)
+            state["written"] = write_model_file(out, held)
             if cfg.fit.checkpoint_every:
                 write_checkpoint(out, len(full_trace), held, full_trace, fingerprint)
-        write_atomic(out / "report.json", json.dumps(report, indent=1, default=float))
+        write_output(out / "report.json", json.dumps(report, indent=1, default=float))
     except (OutputError, OSError) as e:
         raise FitError(f"the fit finished but its results cannot be written: {e}") from None
     if not quiet:
         print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
-    print(fit_summary(state["written"].n_parameters, _n_rows(data), len(full_trace), converged,
+    print(fit_summary(state["written"].n_parameters, _n_observations(model, data), len(full_trace), converged,
                       full_trace[-1] if full_trace else None))
+    if dropped is not None:
+        print(f"note: [data] drop_missing dropped {skipped_note(dropped, dropped.size)} with a missing value; "
+              f"the fit's rows are the others, in order (report.json lists them)", file=sys.stderr)
     if not converged:
         print(f"note: not converged within max_iter={cfg.fit.max_iter} (tol={cfg.fit.tol}); "
               f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
         return EXIT_NOT_CONVERGED
     return EXIT_OK
 
+
+#: how many of the rows ``drop_missing`` left out ``report.json`` lists (all are counted)
+DROPPED_LISTED = 10_000
 
 #: a model of at most this many bytes of parameters is gathered here after every iteration of
 #: a fit on other processes, so that an interrupt or a failure keeps its last iteration
@@ -464,13 +496,19 @@ def _param_bytes(model) -> int:
     return sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
 
 
-def write_model_file(out: Path, shards, write):
+def write_model_file(out: Path, shards):
     """``out/model.json`` from ``shards`` (``executors.mstep.Shards``), one shard at a time:
     a root naming ``model.<tag>.shard-<s>.json`` beside it, or one plain spec for a model no
-    node splits (``models.sharded``). Returns the ``Written`` record (its n_parameters)."""
-    from emgrid.models.sharded import save_sharded
+    node splits (``models.sharded``); every file recorded in the folder's manifest before it
+    is written, and the earlier writes' recorded shard files removed after the root is in
+    place (``cli.outdir``). Returns the ``Written`` record (its n_parameters)."""
+    from .checkpoint import write_model_files
+    from .outdir import remove_stale_shard_files, write_output
 
-    return save_sharded(shards, out / "model.json", write=write)
+    written = write_model_files(shards, out, "model")
+    write_output(out / "model.json", json.dumps(written.spec, indent=1))
+    remove_stale_shard_files(out, "model", written.files)
+    return written
 
 
 class Interrupted(KeyboardInterrupt):
@@ -549,10 +587,12 @@ def _run(args) -> int:
 
 def _handle(handler, args, record) -> int:
     """Runs one command; every error it raises becomes one line and an exit code."""
-    from emgrid.models.errors import EmgridError, FitError
+    from emgrid.models.errors import DataError, EmgridError, FitError
+    from emgrid.models.hints import spoken_as
 
     try:
-        code = handler(args)
+        with spoken_as("toml"):  # hints in errors name the config's keys
+            code = handler(args)
     except KeyboardInterrupt as e:  # outside a fit's iterations (run_fit handles its own)
         if args.debug:
             raise
@@ -567,11 +607,12 @@ def _handle(handler, args, record) -> int:
     except FitError as e:
         if args.debug:
             raise
+        bad_rows = f"{DataError.__module__}.DataError: " in str(e)  # a worker refused its rows of a data file
         if not _under_mpiexec() or _rank() == 0:  # every rank raises the same FitError: one line
-            print(f"emgrid: fit failed: {e}", file=sys.stderr)
+            print(f"emgrid: {'error' if bad_rows else 'fit failed'}: {e}", file=sys.stderr)
         elif record is not None:  # the parent prints it when rank 0 cannot (it is the rank that hangs)
             record.failed(str(e))
-        code = EXIT_FAILED
+        code = EXIT_BAD_INPUT if bad_rows else EXIT_FAILED
     except BrokenPipeError:
         raise  # the reader of stdout went away: main() ends quietly
     except OSError as e:  # a file of the run that could not be read or written: one line

@@ -4,7 +4,6 @@ the data (a template) or the given model, and run EM on the chosen executor."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from time import perf_counter
@@ -21,7 +20,7 @@ from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
 from emgrid.planner.validate import validate_plan
 
-from .datafiles import NpyDataset
+from .datafiles import NpyDataset, new_table_scratch
 from .protocol import Callback, Executor, FitJob
 from .registry import get
 from .result import FitResult
@@ -42,7 +41,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
              executor: str | Executor = "local", max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
              callback: Callback | None = None, n_init: int = 1, seed: int = 0, init: str = "auto",
              init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
-             previous_log_likelihood: float | None = None, gather: bool | None = None) -> FitResult:
+             previous_log_likelihood: float | None = None, gather: bool | None = None,
+             init_callback: Callback | None = None) -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -53,7 +53,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       iterations on the same executor and plan (a start equal to an earlier one, up to the
       order of mixture components, is refined once: ``models.starts``); the start with the
       highest log-likelihood continues for ``max_iter`` iterations
-      (``FitResult.init_log_likelihoods`` reports every start).
+      (``FitResult.init_log_likelihoods`` reports every start, ``FitResult.init_traces``
+      each start's trace).
 
     - ``data``: anything ``model.prepare`` accepts, or an :class:`NpyDataset` on disk (then
       every worker maps only its own rows). A table (``models.tables``) is read by column
@@ -68,7 +69,11 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       Under ``mpiexec`` every rank calls ``optimize`` with the same arguments.
     - Stops when ``|ll_t - ll_{t-1}| <= tol * |ll_t|`` or after ``max_iter`` iterations;
       ``callback(iteration, log_likelihood, result_so_far)`` runs after each iteration of
-      the final run (not the refinement of the starts).
+      the final run (not the refinement of the starts); ``init_callback``, with the same
+      arguments, after each refining iteration of each start, its ``result_so_far.start``
+      the start's index (0-based) of ``result_so_far.n_init`` and ``iteration`` counted
+      within the start (a start equal to an earlier one is not refined again: its index is
+      skipped).
     - ``previous_log_likelihood``: the log-likelihood of the iteration before ``model`` (a
       resumed fit's last), so the first iteration's convergence test compares against it.
     - ``gather``: whether the fitted model is gathered into ``FitResult.model`` (None: when it
@@ -100,11 +105,12 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         model = bind(model, data)
         table = as_table(data)
         if isinstance(table.source, (str, Path)) and not table.drop_missing:
-            scratch = tempfile.mkdtemp(prefix="emgrid-table-")
-            data = NpyDataset.from_table(table, model, scratch)
+            scratch = new_table_scratch()  # named for this process: a run after a kill removes it
     try:
+        if scratch is not None:
+            data = NpyDataset.from_table(table, model, scratch)
         result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-                           previous_log_likelihood, gather)
+                           previous_log_likelihood, gather, init_callback)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -113,7 +119,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
 
 
 def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-              previous_log_likelihood, gather=None):
+              previous_log_likelihood, gather=None, init_callback=None):
     if isinstance(data, NpyDataset):
         prepared, n = data, data.n_rows
     else:
@@ -141,11 +147,14 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
         starts, model = tuple(kept), kept[0]
     seeding_s = perf_counter() - t0
     result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
-                           regularization=reg, starts=starts, start_iter=init_iter,
+                           regularization=reg, starts=starts, start_iter=init_iter, init_callback=init_callback,
+                           start_index=tuple(repeats.index(k) for k in range(len(starts))),
+                           n_init=n_init if starts else 0,
                            previous_log_likelihood=previous_log_likelihood, gather=gather))
     if starts:
         result.init_log_likelihoods, result.init_best = per_start(result.init_log_likelihoods, result.init_best,
                                                                   repeats)
+        result.init_traces = per_start(result.init_traces, None, repeats)[0]
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
     return result
@@ -173,7 +182,8 @@ def warn_about(result: FitResult, max_iter: int, tol: float) -> None:
     if not result.converged and tol > 0:
         trace = result.log_likelihood
         change = f"; the last change was {abs(trace[-1] - trace[-2]):.3g}" if len(trace) > 1 else ""
-        warnings.warn(f"not converged after max_iter={max_iter} iterations (tol={tol:g}{change}); raise max_iter",
-                      ConvergenceWarning, stacklevel=3)
+        warnings.warn(f"not converged after max_iter={max_iter} iterations (tol={tol:g}{change}); continue it "
+                      "with optimize(data, result.model, previous_log_likelihood=result.log_likelihood[-1]) "
+                      "or raise max_iter", ConvergenceWarning, stacklevel=3)
     for line in fit_warnings(result.model) if result.model is not None else result.warnings:
         warnings.warn(line, ConvergenceWarning, stacklevel=3)

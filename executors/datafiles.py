@@ -10,6 +10,12 @@ files nest (tuples for composites, ``Ragged`` for sequences and HMMs).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +23,74 @@ import numpy as np
 from emgrid.models import Node, Ragged, n_rows
 from emgrid.models.data import Data
 from emgrid.models.errors import DataError
-from emgrid.models.tables import Col, Seq, as_table, column_tree, group_offsets
+from emgrid.models.files import regular_file
+from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
 
 from . import tables
 
 LAYOUT = "layout.json"
+#: The name of every table dataset's scratch folder begins so: ``emgrid-table-<host>-<pid>-<tag>``.
+SCRATCH_PREFIX = "emgrid-table-"
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_table_scratch(parent) -> list[Path]:
+    """Removes the table scratch folders in ``parent`` that processes of this host left when
+    they were killed: those named for this host and a pid that no longer runs, owned by this
+    user. Returns what it removed."""
+    host, removed = _host(), []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if not p.name.startswith(SCRATCH_PREFIX):
+            continue
+        parts = p.name[len(SCRATCH_PREFIX):].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or _alive(int(parts[1])):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def new_table_scratch(parent=None) -> Path:
+    """A new folder for a table dataset's files (a CSV's row offsets, a sequence's offsets)
+    in ``parent`` (default: the system's temporary folder), named for this host and process
+    so that the next run removes it when this one is killed before it could
+    (:func:`sweep_table_scratch`, run here first)."""
+    parent = Path(tempfile.gettempdir() if parent is None else parent)
+    sweep_table_scratch(parent)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{_host()}-{os.getpid()}-", dir=parent))
+
+
+@contextmanager
+def table_scratch(parent=None):
+    """:func:`new_table_scratch`, removed when the block ends."""
+    folder = new_table_scratch(parent)
+    try:
+        yield str(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class NpyDataset:
@@ -35,6 +104,15 @@ class NpyDataset:
             raise DataError(f"{str(self.directory)!r} is not an emgrid dataset: cannot read {LAYOUT} ({e.strerror})") from None
         self.layout = meta["layout"]
         self.n_rows = int(meta["n_rows"])
+
+    def n_observations(self) -> int:
+        """The ``n`` of BIC (``models.inference.n_observations``): the positions of the
+        innermost sequence level when the rows are sequences, else the rows."""
+        node, n = self.layout, self.n_rows
+        while node["kind"] == "ragged":
+            n = int(np.load(self.directory / node["offsets"], mmap_mode="r")[-1])
+            node = node["values"]
+        return n
 
     @classmethod
     def write(cls, data: Data, directory, model: Node | None = None) -> "NpyDataset":
@@ -78,6 +156,16 @@ class NpyDataset:
         tree, _ = column_tree(model, table.sequence_id)
         n_file, source = tables.file_rows(path, directory)
         source["file"] = str(path)
+        where = f"data file {str(table.source)!r}"
+        needed = needed_columns(tree) + ([table.sequence_id] if table.sequence_id else [])
+        check_columns(needed, source["columns"], where)
+        for name in needed:
+            if name in source["types"] and source["types"][name].startswith(("list", "large_list", "struct", "map",
+                                                                             "fixed_size_list")):
+                raise DataError(f"{where}: column {name!r} holds {source['types'][name]} values; a column a leaf "
+                                "reads holds numbers, strings or booleans (a vector reads one column per entry)")
+        if n_file == 0:
+            raise DataError(f"{where} has no rows (only {'its schema' if source['format'] == 'parquet' else 'a header'})")
 
         def put(t):
             if isinstance(t, Col):
@@ -173,37 +261,43 @@ class NpyDataset:
 
 
 
-def load_npy(path) -> np.ndarray:
-    """A ``.npy`` file of numbers, memory-mapped; DataError naming the file and what is wrong
-    (a folder, not a ``.npy`` file, a truncated header, Python objects, fewer bytes than its
-    header claims)."""
-    p = Path(path)
-    if p.is_dir():
-        raise DataError(f"{str(p)!r} is a folder, not a .npy file")
+def _npy_header(f, where: str, size: int) -> tuple[tuple, bool, np.dtype, int]:
+    """``(shape, fortran, dtype, header bytes)`` of the ``.npy`` stream ``f`` (at its start),
+    of ``size`` bytes in all; DataError naming ``where`` when it is no ``.npy``, its header is
+    damaged, it holds Python objects, or it holds fewer bytes than its header claims."""
     fmt = np.lib.format
     try:
-        size = p.stat().st_size
+        version = fmt.read_magic(f)
+    except ValueError:
+        raise DataError(f"{where} is not a .npy file ({'empty' if size == 0 else 'no NumPy magic at its start'})") from None
+    try:
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+    except (ValueError, EOFError, SyntaxError) as e:
+        raise DataError(f"{where} has a damaged .npy header ({str(e).splitlines()[0][:120]})") from None
+    header = f.tell()
+    if dtype.hasobject:
+        raise DataError(f"{where} holds Python objects ({dtype}), not numbers; emgrid does not unpickle data")
+    claimed = dtype.itemsize * int(np.prod(shape, dtype=object))
+    if size - header < claimed:
+        raise DataError(f"{where} is truncated: its header claims shape {tuple(shape)} of {dtype} "
+                        f"({claimed:,} bytes), the file holds {size - header:,} bytes after the header")
+    return tuple(shape), fortran, dtype, header
+
+
+def load_npy(path) -> np.ndarray:
+    """A ``.npy`` file of numbers, memory-mapped; DataError naming the file and what is wrong
+    (a folder, a FIFO or device, not a ``.npy`` file, a truncated header, Python objects,
+    fewer bytes than its header claims)."""
+    p = Path(path)
+    size = regular_file(p, "data file", DataError)
+    try:
         with open(p, "rb") as f:
-            try:
-                version = fmt.read_magic(f)
-            except ValueError:
-                raise DataError(f"{str(p)!r} is not a .npy file ({'empty' if size == 0 else 'no NumPy magic at its start'})") from None
-            try:
-                read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-                shape, fortran, dtype = read_header(f)
-            except (ValueError, EOFError, SyntaxError) as e:
-                raise DataError(f"{str(p)!r} has a damaged .npy header ({str(e).splitlines()[0][:120]})") from None
-            header = f.tell()
+            shape, _, dtype, _ = _npy_header(f, repr(str(p)), size)
     except OSError as e:
         raise DataError(f"cannot read {str(p)!r}: {e.strerror}") from None
-    if dtype.hasobject:
-        raise DataError(f"{str(p)!r} holds Python objects ({dtype}), not numbers; emgrid does not unpickle data")
-    claimed = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if size - header < claimed:
-        raise DataError(f"{str(p)!r} is truncated: its header claims shape {tuple(shape)} of {dtype} "
-                        f"({claimed} bytes), the file holds {size - header} bytes after the header")
     try:
-        if claimed == 0:
+        if dtype.itemsize * int(np.prod(shape, dtype=object)) == 0:
             return np.load(p, allow_pickle=False)
         return np.load(p, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
@@ -212,18 +306,23 @@ def load_npy(path) -> np.ndarray:
 
 def load_npz(path) -> Data:
     """The data of a ``.npz`` file (``models.data.unflatten``'s layout); DataError naming the
-    file and what is wrong (not a zip archive, a damaged or pickled member, arrays the layout
-    does not use)."""
+    file and what is wrong (a folder, a FIFO or device, not a zip archive, a member that is no
+    ``.npy``, is pickled or holds fewer bytes than its header claims, arrays the layout does
+    not use). Each member's header is checked against the member's size before it is read."""
     import zipfile
 
     from emgrid.models.data import flatten, unflatten
 
     p = Path(path)
-    if p.is_dir():
-        raise DataError(f"{str(p)!r} is a folder, not a .npz file")
+    regular_file(p, "data file", DataError)
     try:
         if not zipfile.is_zipfile(p):
             raise DataError(f"{str(p)!r} is not a .npz file (not a zip archive, or truncated)")
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if info.filename.endswith(".npy"):
+                    with zf.open(info) as m:
+                        _npy_header(m, f"{str(p)!r}: array {info.filename[:-4]!r}", info.file_size)
         with np.load(p, allow_pickle=False) as z:
             arrays = {}
             for k in z.files:

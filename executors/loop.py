@@ -14,6 +14,7 @@ grid, its workers started once.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
@@ -87,22 +88,43 @@ def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
         return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0, job.previous_log_likelihood)
     t0 = perf_counter()
     refined, done = [], 0
-    for start in job.starts:  # the starts are whole models here already, and so are they refined
-        refined.append(_em(grid, job, start, job.start_iter, None, executor, done, gather=True))
+    index = job.start_index or tuple(range(len(job.starts)))
+    n_init = job.n_init or len(job.starts)
+    for k, start in enumerate(job.starts):  # the starts are whole models here already, and so are they refined
+        refined.append(_em(grid, job, start, job.start_iter, job.init_callback, executor, done, gather=True,
+                           start=(index[k], n_init)))
         done += refined[-1].iterations
     lls = [r.log_likelihood[-1] for r in refined]
     best = max(range(len(lls)), key=lls.__getitem__)
     refine_s = perf_counter() - t0
     result = _em(grid, job, refined[best].model, job.max_iter, job.callback, executor, done)
     result.init_log_likelihoods, result.init_best, result.init_s = lls, best, refine_s
+    result.init_traces, result.n_init = [list(r.log_likelihood) for r in refined], n_init
     return result
 
 
+@contextmanager
+def _counted_as(grid_iteration: int, it: int, start: tuple[int, int] | None):
+    """A worker's failure named by the iteration the user counts: the grid counts its E-steps
+    across the starts' refinements and the fit, a checkpoint and the trace count the fit's."""
+    try:
+        yield
+    except FitError as e:
+        where = f"in iteration {it}" + ("" if start is None else f" of start {start[0] + 1}/{start[1]}'s refinement")
+        text = str(e).replace(f"in iteration {grid_iteration}", where)
+        if text != str(e):
+            e.args = (text,)
+        raise
+
+
 def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int,
-        previous: float | None = None, gather: bool | None = None) -> FitResult:
+        previous: float | None = None, gather: bool | None = None,
+        start: tuple[int, int] | None = None) -> FitResult:
     """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``;
     ``previous`` is the log-likelihood of the iteration before ``model``, if any. The fitted
-    model is gathered into ``result.model`` when ``gather`` (default ``job.gather``) says so."""
+    model is gathered into ``result.model`` when ``gather`` (default ``job.gather``) says so.
+    ``start``: ``(index, n_init)`` of the start this run refines, which the callback reads in
+    ``result.start`` and ``result.n_init``."""
     gather = job.gather if gather is None else gather
     if gather is None:
         gather = fits_here(model)
@@ -110,6 +132,8 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
     view = layout[0][0].view
     skeleton = view.skeleton(model)
     result = FitResult(model=model, plan=job.plan, executor=executor)
+    if start is not None:
+        result.start, result.n_init = start
     result.shards = Shards.held(view, model)
     t_start = perf_counter()
     payloads = ShardPayloads(model, layout)
@@ -120,13 +144,15 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
     bcast_s = perf_counter() - t_start
     for it in range(1, max_iter + 1):
         t_start = perf_counter() - bcast_s
-        out = grid.e_step(offset + it)
+        with _counted_as(offset + it, it, start):
+            out = grid.e_step(offset + it)
         split, ll, bad = join_columns(out.columns)
         check_finite(bad, ll, it)
         t_m = perf_counter()
         skeleton = split_m_step(skeleton, split, job.regularization)
         t_u = perf_counter()
-        sent += grid.update(skeleton, skeleton_payload(skeleton))
+        with _counted_as(offset + it, it, start):
+            sent += grid.update(skeleton, skeleton_payload(skeleton))
         t_end = perf_counter()
         result.timings.append({
             "broadcast": bcast_s + t_end - t_u + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,

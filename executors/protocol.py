@@ -35,6 +35,14 @@ class FitJob:
     #: iterations, then the best continues for ``max_iter`` (``executors.loop.run_em``)
     starts: tuple[Node, ...] = ()
     start_iter: int = 0
+    #: called after every refining iteration of each start (:data:`Callback`; the result so
+    #: far names the start: ``FitResult.start`` of ``FitResult.n_init``); None: not called
+    init_callback: Callback | None = None
+    #: per start of ``starts``, its index among the ``n_init`` seeded ones (a start equal to
+    #: an earlier one is refined once, ``models.starts``); empty: ``0, 1, ...``
+    start_index: tuple[int, ...] = ()
+    #: the number of seeded starts (``len(starts)`` when none coincided)
+    n_init: int = 0
     #: the log-likelihood of the iteration before ``model`` (a resumed fit's last), or None
     previous_log_likelihood: float | None = None
     #: whether the fitted model is gathered into ``FitResult.model``; None: when it fits

@@ -51,6 +51,11 @@ class FitResult:
       continued (the highest); ``init_s``, seconds from the first start's seeding to the
       last start's refinement; ``init_seeding_s``, the part of it spent seeding (sampling
       rows, k-means, the leaves' first M-steps). Empty, None and 0 for a warm start.
+      ``init_traces``: per start, the log-likelihood of each of its refining iterations (in
+      start order; its last entry is ``init_log_likelihoods``' one; a start equal to an
+      earlier one, refined once, repeats that one's trace). ``n_init``: the number of starts.
+    - ``start``: inside ``optimize``'s ``init_callback``, the index of the start being
+      refined (0-based, of ``n_init``); None in the final run and in the returned result.
     """
 
     model: Node | None
@@ -67,6 +72,9 @@ class FitResult:
     init_best: int | None = None
     init_s: float = 0.0
     init_seeding_s: float = 0.0
+    init_traces: list[list[float]] = field(default_factory=list)
+    n_init: int = 0
+    start: int | None = None
     shards: "Shards | None" = field(default=None, repr=False)
     #: ``models.diagnose.fit_warnings`` of a model left on the grid (read before its workers stopped)
     warnings: list[str] = field(default_factory=list)

@@ -36,8 +36,14 @@ class Answering:
         """The HMM at ``at``: the most probable state path per sequence, a ``Ragged`` of int64."""
         return inference.viterbi(self, data, at)
 
+    def n_observations(self, data) -> int:
+        """The ``n`` of ``bic``: positions when the rows are sequences (the innermost level,
+        as hmmlearn counts), else rows (``models.inference.n_observations``)."""
+        return inference.n_observations(self, data)
+
     def bic(self, data) -> float:
-        """Bayesian information criterion, ``-2 log L + n_parameters() log n`` (lower is better)."""
+        """Bayesian information criterion, ``-2 log L + n_parameters() log n_observations(data)``
+        (lower is better; hmmlearn's and scikit-learn's definition)."""
         return inference.bic(self, data)
 
     def aic(self, data) -> float:

@@ -19,7 +19,8 @@ from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
 from .data import Data, Ragged, n_rows
 from .errors import DataError, ModelError, SpecError
-from .schema import Children, Field, Meta, Param, Size, arrays_kept, spec_field, spec_list, spec_repeat
+from .schema import (Children, Field, Meta, Param, Size, arrays_kept, check_spec_size, spec_field, spec_list,
+                     spec_repeat)
 from .stats import OwnStats, Stats
 from .tables import is_table, read_table
 from .answers import Answering
@@ -117,7 +118,7 @@ class Node(Templated, Answering):
             if extra is not None:
                 extras[f.name] = extra
         for f in self.schema:
-            if isinstance(f, Size) and sizes[f.name] is None and not f.from_data:
+            if isinstance(f, Size) and sizes[f.name] is None and not f.from_data and not f.waits(values):
                 raise ModelError(f"{self.family} template needs {f.name}=<int> (the size of its data), "
                                  f"since {f.of} is unset; got {f.name}=None")
         self._sizes = sizes
@@ -263,7 +264,12 @@ class Node(Templated, Answering):
         return sum(f.n_free(values[f.name]) for f in self.schema if isinstance(f, Param))
 
     def n_parameters(self) -> int:
-        """Free parameters of the whole tree (what BIC and AIC count)."""
+        """Free parameters of the whole tree (the ``p`` of ``bic`` and ``aic``): each
+        parameter's entries, a simplex of ``V`` entries as ``V - 1`` and a ``d x d``
+        covariance as ``d (d + 1) / 2`` (``models.schema.Param.n_free``); a sequence's
+        ``mean_length`` is not one. The counts equal scikit-learn's ``_n_parameters`` for its
+        mixtures and hmmlearn's ``_get_n_fit_scalars_per_param`` for its HMMs (``K - 1``
+        initial and ``K (K - 1)`` transition probabilities, plus the emissions')."""
         return sum(node.own_n_parameters() for _, node in self.nodes())
 
     def to_spec(self) -> dict:
@@ -383,14 +389,21 @@ MAX_SPEC_DEPTH = 100
 _building = threading.local()
 
 
-def spec_depth(spec) -> int:
-    """Levels of nested mappings in a spec (the root is 1), counted without recursion."""
-    deepest, todo = 0, [(spec, 0)]
+def spec_depth(spec, limit: int | None = None) -> int:
+    """Levels of nested mappings in a spec (the root is 1), counted without recursion. A
+    sub-spec met again (a dict shared in a Python spec) is walked again only when met deeper,
+    and the walk stops once it passes ``limit``, so a shared or cyclic spec ends quickly."""
+    deepest, todo, seen = 0, [(spec, 0)], {}
     while todo:
         obj, depth = todo.pop()
+        if seen.get(id(obj), -1) >= depth:
+            continue
+        seen[id(obj)] = depth
         if isinstance(obj, dict):
             depth += 1
             deepest = max(deepest, depth)
+            if limit is not None and deepest > limit:
+                return deepest
             todo.extend((v, depth) for v in obj.values() if isinstance(v, (dict, list, tuple)))
         elif isinstance(obj, (list, tuple)):
             todo.extend((v, depth) for v in obj if isinstance(v, (dict, list, tuple)))
@@ -400,15 +413,16 @@ def spec_depth(spec) -> int:
 def from_spec(spec) -> Node:
     """Builds a model from a spec dict (as ``to_spec`` writes); raises SpecError or ModelError.
 
-    A spec nested deeper than :data:`MAX_SPEC_DEPTH` is refused (SpecError) before any node
-    is built."""
+    A spec nested deeper than :data:`MAX_SPEC_DEPTH`, or describing more nodes than
+    ``models.schema.MAX_SPEC_NODES``, is refused (SpecError) before any node is built."""
     if isinstance(spec, Node):
         return spec
     if getattr(_building, "depth_checked", False):
         return _from_spec(spec)
-    depth = spec_depth(spec)
+    depth = spec_depth(spec, MAX_SPEC_DEPTH)
     if depth > MAX_SPEC_DEPTH:
-        raise SpecError(f"model spec is nested {depth} levels deep; the limit is {MAX_SPEC_DEPTH}")
+        raise SpecError(f"model spec is nested more than {MAX_SPEC_DEPTH} levels deep (the limit)")
+    check_spec_size(spec, lambda family: getattr(FAMILIES.get(family), "repeat", None))
     _building.depth_checked = True
     try:
         return _from_spec(spec)

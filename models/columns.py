@@ -8,10 +8,63 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .data import Data, Ragged
-from .errors import DataError
+from .errors import DataError, ModelError
 
 if TYPE_CHECKING:
     from .base import Node
+
+
+#: The largest magnitude a float datum may have: EM sums squares (and products of a vector's
+#: entries) over the rows, which stay finite for any number of rows below this.
+MAX_ABS_VALUE = 1e100
+
+
+def check_floats(x: np.ndarray, where: str, family: str, first_row: int = 0) -> None:
+    """Refuses (DataError) NaN, inf or a magnitude above :data:`MAX_ABS_VALUE` in a float
+    column ``(n,)`` or vector ``(n, d)``, naming the first such row (counted from
+    ``first_row``) and, for a vector, its entry."""
+    ok = np.abs(x) <= MAX_ABS_VALUE  # False for NaN
+    if ok.all():
+        return
+    flat = int(np.argmin(ok.reshape(-1)))
+    row, entry = divmod(flat, x.shape[1]) if x.ndim == 2 else (flat, None)
+    v = float(x.reshape(-1)[flat])
+    at = f"row {first_row + row}" + ("" if entry is None else f", entry {entry}")
+    if np.isfinite(v):
+        raise DataError(f"{where}: {family} data holds {v:g} at {at}; values must be within +-{MAX_ABS_VALUE:g} "
+                        "(their squares are summed over the rows): rescale the column")
+    raise DataError(f"{where}: {family} data holds NaN or inf (first at {at}: {v})")
+
+
+def is_pattern(columns) -> bool:
+    """Whether a leaf's ``columns`` still names its columns by a pattern (a string: ``"*"``,
+    every numeric column, or a glob such as ``"mean_*"``) rather than by a list."""
+    return isinstance(columns, str)
+
+
+def leaf_columns(columns, dim, mean, family: str):
+    """A vector leaf's ``columns`` (a pattern, or a tuple of distinct names) and its ``dim``:
+    a list gives the dimension when neither ``dim`` nor ``mean`` does, and must agree with them
+    otherwise."""
+    if columns is None or is_pattern(columns):
+        if is_pattern(columns) and not columns:
+            raise ModelError(f"{family}.columns must be a list of column names or a pattern such as '*', got ''")
+        return columns, dim
+    if not hasattr(columns, "__iter__") or isinstance(columns, (bytes, dict)):
+        raise ModelError(f"{family}.columns must be a list of column names or a pattern such as '*', got {columns!r}")
+    names = tuple(columns)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise ModelError(f"{family}.columns must hold non-empty strings, got {n!r}")
+    if len(set(names)) != len(names):
+        dup = next(n for i, n in enumerate(names) if n in names[:i])
+        raise ModelError(f"{family}.columns must be distinct, got {dup!r} twice")
+    if not names:
+        raise ModelError(f"{family}.columns must name at least one column")
+    d = dim if dim is not None else (None if mean is None else int(np.shape(mean)[0]) if np.ndim(mean) == 1 else None)
+    if d is not None and d != len(names):
+        raise ModelError(f"{family}.columns names {len(names)} column(s) for a vector of dimension {d}")
+    return names, (len(names) if dim is None and mean is None else dim)
 
 
 def float_column(data, where: str, family: str) -> np.ndarray:
@@ -29,8 +82,7 @@ def float_column(data, where: str, family: str) -> np.ndarray:
         raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
     if x.ndim != 1:
         raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise DataError(f"{where}: {family} data holds NaN or inf (first at row {int(np.argmin(np.isfinite(x)))})")
+    check_floats(x, where, family)
     return x
 
 

@@ -27,14 +27,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .base import Leaf
-from .columns import float_column
+from .columns import check_floats, float_column, leaf_columns
 from .cost import BatchCost, NodeCost, stat_bytes
 from .data import Ragged
 from .errors import DataError
 from .floors import MIN_WEIGHT, VAR_FLOOR
 from .kernels import (centered, centered_t, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
                       stacked, weighted_sums, weighted_sums_t)
-from .schema import POSITIVE, SPD, Param, Size
+from .schema import POSITIVE, SPD, Meta, Param, Size
 from .units import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
 
 LOG_2PI = float(np.log(2 * np.pi))
@@ -169,6 +169,9 @@ class Gaussian(Leaf):
 
 
 def _vector_column(data, where, family, d):
+    if d is None:
+        raise DataError(f"{where}: this {family} names its columns by a pattern, which a table's column names resolve: "
+                        "fit it on a table (a DataFrame, a pyarrow Table, a .csv or .parquet file)")
     if isinstance(data, (tuple, Ragged)):
         raise DataError(f"{where}: {family} expects a float array of shape (n, {d}), got {type(data).__name__}")
     try:
@@ -183,20 +186,30 @@ def _vector_column(data, where, family, d):
         raise DataError(f"{where}: {family} expects numbers, got {type(data).__name__}") from None
     if x.ndim != 2 or x.shape[1] != d:
         raise DataError(f"{where}: {family} expects shape (n, {d}), got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise DataError(f"{where}: {family} data holds NaN or inf")
+    check_floats(x, where, family)
     return np.ascontiguousarray(x)
+
+
+def _columns_kept(new, old):
+    """``new`` (an M-step's node, made without the constructor's fields) with ``old``'s columns."""
+    if old.columns is not None and new is not old:
+        new.columns = old.columns
+    return new
 
 
 class DiagGaussian(Leaf):
     """A d-dimensional normal with diagonal covariance; data is ``(n, d)`` floats."""
 
     family = "DiagGaussian"
-    schema = (Size("dim", of="mean"), Param("mean", 1, shape=("dim",)), Param("var", 1, POSITIVE, shape=("dim",)))
+    #: the table columns it reads (a tuple of names, or a pattern a table resolves), or None
+    columns = None
+    schema = (Size("dim", of="mean", by="columns"), Param("mean", 1, shape=("dim",)),
+              Param("var", 1, POSITIVE, shape=("dim",)), Meta("columns"))
     batch_takes_offsets = True
 
-    def __init__(self, mean=None, var=None, *, dim: int | None = None):
-        self._init_fields(mean=mean, var=var, dim=dim)
+    def __init__(self, mean=None, var=None, *, dim: int | None = None, columns=None):
+        columns, dim = leaf_columns(columns, dim, mean, self.family)
+        self._init_fields(mean=mean, var=var, dim=dim, columns=columns)
 
     @property
     def dim(self) -> int:
@@ -300,7 +313,7 @@ class DiagGaussian(Leaf):
         if sw < MIN_WEIGHT:
             return self
         mean = sx / sw
-        return DiagGaussian(mean, np.maximum(sxx / sw - mean * mean, VAR_FLOOR))
+        return _columns_kept(DiagGaussian(mean, np.maximum(sxx / sw - mean * mean, VAR_FLOOR)), self)
 
     def _sample(self, n, rng):
         return self.mean + np.sqrt(self.var) * rng.standard_normal((n, self.dim))
@@ -320,11 +333,15 @@ class FullGaussian(Leaf):
     """A d-dimensional normal with full covariance; data is ``(n, d)`` floats."""
 
     family = "FullGaussian"
-    schema = (Size("dim", of="mean"), Param("mean", 1, shape=("dim",)), Param("cov", 2, SPD, shape=("dim", "dim")))
+    #: the table columns it reads (a tuple of names, or a pattern a table resolves), or None
+    columns = None
+    schema = (Size("dim", of="mean", by="columns"), Param("mean", 1, shape=("dim",)),
+              Param("cov", 2, SPD, shape=("dim", "dim")), Meta("columns"))
     batch_takes_offsets = True
 
-    def __init__(self, mean=None, cov=None, *, dim: int | None = None):
-        chol = self._init_fields(mean=mean, cov=cov, dim=dim).get("cov")
+    def __init__(self, mean=None, cov=None, *, dim: int | None = None, columns=None):
+        columns, dim = leaf_columns(columns, dim, mean, self.family)
+        chol = self._init_fields(mean=mean, cov=cov, dim=dim, columns=columns).get("cov")
         if chol is not None:
             self._factor(chol)
 
@@ -486,6 +503,9 @@ class FullGaussian(Leaf):
         return list(zip(sw.tolist(), sx, M))
 
     def _estimate(self, own, children):
+        return _columns_kept(self._fit(own), self)
+
+    def _fit(self, own):
         sw, sx, sxx = own
         if sw < MIN_WEIGHT:
             return self

@@ -1,9 +1,18 @@
 """Hidden Markov model over variable-length sequences, vectorized across sequences.
 
 Forward-backward runs scaled (per-position normalizers), with emission log densities
-shifted by their per-position maximum before ``exp``; the loop runs over time steps, each
-step a matrix operation over every sequence still active at that step (sequences are
-sorted by length once per block, so the active ones are a prefix).
+shifted by their per-position maximum before ``exp``. Two schedules compute the same
+quantities:
+
+- the step loop (:class:`_Schedule`) runs over time steps, each step a matrix operation over
+  every sequence still active at that step (sequences are sorted by length once per block,
+  so the active ones are a prefix): a block of many sequences;
+- the scan (:class:`_Scan`) takes the forward (backward) direction of every position at once
+  as products of the per-position matrices ``A diag(b_t)``, prefix (suffix) products within
+  each sequence in ``ceil(log2 T)`` batched products (Hillis and Steele), then one
+  vectorized step of the recursion for the normalizers: a block of few long sequences,
+  where the loop's ``T`` steps would each cost a fixed few microseconds on rows of ``K``
+  numbers (:func:`_scans`). The two agree to rounding (about 1e-15 relative).
 """
 
 from __future__ import annotations
@@ -18,12 +27,20 @@ from .cost import NodeCost, stat_bytes
 from .data import Ragged
 from .floors import LOG_CLAMP, MIN_WEIGHT
 from .mixture import sample_by_label
-from .schema import POSITIVE, SIMPLEX, Children, Param
+from .schema import POSITIVE, SIMPLEX, Children, Param, frozen
 from .sequence import known_length, prepare_ragged
 from .special import log_factorial
 from .units import MATMUL_FLOPS, ROW_ACCESS_FLOPS, SCAN_FLOPS, SLOW_FLOPS
 
 _TINY = 1e-300
+#: The scan runs when ``levels * (SCAN_LEVEL_STEPS + positions * K**3 / SCAN_UNITS_PER_STEP)``
+#: is below the loop's ``T`` steps (a level's fixed cost is about that of 3 loop steps, and
+#: a loop step that of about 2e4 multiply-adds of batched 4x4 products, measured on 2-core
+#: x86), and its matrices (``3 * positions * K**2`` floats) stay within ``SCAN_MAX_FLOATS``
+#: floats, a few MiB, within what ``cost`` counts as the block's working memory.
+SCAN_LEVEL_STEPS = 3.0
+SCAN_UNITS_PER_STEP = 2e4
+SCAN_MAX_FLOATS = 1 << 16
 
 
 class _Schedule:
@@ -41,8 +58,68 @@ class _Schedule:
         return self.starts[: self.active[t]] + t
 
 
+class _Scan:
+    """Per position, its steps since its sequence's first position (``pos``) and before its
+    last (``rem``); the first positions and the others (``later``); the matrices
+    ``A diag(b_t)`` (``G``); the backward directions the scan finds (``beta``)."""
+
+    def __init__(self, data: Ragged, A: np.ndarray, B: np.ndarray):
+        offsets = data.offsets
+        lengths = np.diff(offsets)
+        at = np.arange(int(offsets[-1]))
+        self.pos = at - np.repeat(offsets[:-1], lengths)
+        self.rem = np.repeat(offsets[1:], lengths) - 1 - at
+        self.first = offsets[:-1][lengths > 0]
+        self.later = np.flatnonzero(self.pos > 0)
+        self.G = A[None, :, :] * B[:, None, :]
+        self.beta: np.ndarray | None = None
+
+
+def _scans(data: Ragged, k: int) -> bool:
+    """Whether the block's forward-backward runs as a scan (module constants above)."""
+    n = int(data.offsets[-1])
+    if n == 0 or 3 * n * k * k > SCAN_MAX_FLOATS:
+        return False
+    t_max = int(data.lengths.max())
+    if t_max < 2:
+        return False
+    levels = math.ceil(math.log2(t_max))
+    return levels * (SCAN_LEVEL_STEPS + n * k ** 3 / SCAN_UNITS_PER_STEP) < t_max
+
+
+def _products(P: np.ndarray, reach: np.ndarray, runs: int) -> None:
+    """Hillis-Steele scan in place: ``P[t]`` becomes the product of the matrices from its
+    run's first position to ``t``, each level's products scaled to sum 1 (only directions
+    are read). ``reach``: each position's steps since its run's first; ``runs``: when the
+    matrices are that many runs of equal length end to end (one sequence's forward and
+    backward runs), contiguous ranges replace the index arrays."""
+    step, n = 1, P.shape[0]
+    if runs:
+        P = P.reshape(runs, n // runs, *P.shape[1:])
+        n //= runs
+    while step < n:
+        if runs:
+            Q = P[:, :-step] @ P[:, step:]
+            Q /= np.maximum(Q.sum(axis=(2, 3)), _TINY)[:, :, None, None]
+            P[:, step:] = Q
+        else:
+            at = np.flatnonzero(reach >= step)
+            if at.size == 0:
+                return
+            Q = P[at - step] @ P[at]
+            Q /= np.maximum(Q.sum(axis=(1, 2)), _TINY)[:, None, None]
+            P[at] = Q
+        step *= 2
+
+
 class HMM(Internal):
-    """Hidden states over a sequence; state ``k`` emits through ``emissions[k]``."""
+    """Hidden states over a sequence; state ``k`` emits through ``emissions[k]``.
+
+    Its free parameters (``n_parameters``) are hmmlearn's count: ``K - 1`` initial and
+    ``K (K - 1)`` transition probabilities, plus every emission's own; ``mean_length`` is
+    not one (lengths are given). ``bic`` counts positions, not sequences
+    (``models.inference.n_observations``).
+    """
 
     family = "HMM"
     schema = (Children("emissions", noun="state", same_type=True),
@@ -88,6 +165,9 @@ class HMM(Internal):
         B -= m[:, None]
         np.maximum(B, LOG_CLAMP, out=B)
         np.exp(B, out=B)
+        if _scans(data, self.n_states):
+            alpha, c, scan = self._forward_scan(data, B)
+            return data.segment_sum(np.log(c) + m), (B, alpha, c, scan)
         sched = _Schedule(data)
         alpha = np.empty_like(B)
         c = np.ones(B.shape[0])
@@ -101,18 +181,65 @@ class HMM(Internal):
         ld = data.segment_sum(np.log(c) + m)
         return ld, (B, alpha, c, sched)
 
+    def _forward_scan(self, data, B):
+        """Scaled forward probabilities and normalizers of every position by the scan, and
+        the direction of every backward vector (``scan.beta``), both in one scan.
+
+        Forward: the first position's matrix is rank one (every row ``initial * b``), so
+        every row of a prefix product ``F_s .. F_t`` is the direction of ``alpha_t``; one
+        vectorized step of the recursion from those gives the normalizers. Backward: the
+        product ``R_t .. R_e`` of the next positions' matrices (the last's all ones) has
+        every column along ``beta_t``; transposed and in reverse order it is a prefix
+        product too, so both run as the runs of one scan."""
+        A, init = self.transitions, self.initial
+        scan = _Scan(data, A, B)
+        n = B.shape[0]
+        P = np.empty((2 * n,) + scan.G.shape[1:])
+        P[:n] = scan.G
+        P[scan.first] = (init * B[scan.first])[:, None, :]
+        R = P[n:][::-1]  # R[t] holds position t's backward matrix, transposed
+        inner = np.flatnonzero(scan.rem > 0)
+        R[inner] = scan.G[inner + 1].transpose(0, 2, 1)
+        R[scan.rem == 0] = 1.0
+        P /= np.maximum(P.sum(axis=(1, 2)), _TINY)[:, None, None]
+        one = len(data.offsets) == 2
+        _products(P, None if one else np.concatenate([scan.pos, scan.rem[::-1]]), 2 if one else 0)
+        scan.beta = P[n:, 0, :][::-1]
+        alpha = P[:n, 0, :] / np.maximum(P[:n, 0, :].sum(axis=1), _TINY)[:, None]
+        c = np.ones(n)
+        first, later = scan.first, scan.later
+        a = init * B[first]
+        s = np.maximum(a.sum(axis=1), _TINY)
+        alpha[first], c[first] = a / s[:, None], s
+        a = (alpha[later - 1] @ A) * B[later]
+        s = np.maximum(a.sum(axis=1), _TINY)
+        alpha[later], c[later] = a / s[:, None], s
+        return alpha, c, scan
+
+    def _backward_scan(self, B, alpha, c, scan, wpos):
+        """Scaled backward probabilities from the scan's directions (:meth:`_forward_scan`),
+        scaled so that each position's posterior ``alpha * beta`` sums to 1 as the
+        recursion's would; and the transition statistics."""
+        beta = scan.beta / np.maximum((alpha * scan.beta).sum(axis=1), _TINY)[:, None]
+        later = scan.later
+        G = B[later] * beta[later] / c[later][:, None]
+        return beta, alpha[later - 1].T @ (G * wpos[later][:, None])
+
     def _distribute(self, data, w, child_lds, ld, aux):
         B, alpha, c, sched = aux
         A = self.transitions
         k = self.n_states
-        beta = np.ones_like(B)
         wpos = np.repeat(w, data.lengths)
-        xi = np.zeros((k, k))
-        for t in range(sched.t_max - 1, 0, -1):
-            idx = sched.positions(t)
-            G = B[idx] * beta[idx] / c[idx][:, None]
-            beta[idx - 1] = G @ A.T
-            xi += alpha[idx - 1].T @ (G * wpos[idx][:, None])
+        if isinstance(sched, _Scan):
+            beta, xi = self._backward_scan(B, alpha, c, sched, wpos)
+        else:
+            beta = np.ones_like(B)
+            xi = np.zeros((k, k))
+            for t in range(sched.t_max - 1, 0, -1):
+                idx = sched.positions(t)
+                G = B[idx] * beta[idx] / c[idx][:, None]
+                beta[idx - 1] = G @ A.T
+                xi += alpha[idx - 1].T @ (G * wpos[idx][:, None])
         xi *= A
         gamma = alpha * beta
         gamma *= wpos[:, None]
@@ -127,8 +254,22 @@ class HMM(Internal):
         rows = xi.sum(axis=1, keepdims=True)
         fitted = floor_probs(xi / np.where(rows > 0, rows, 1.0), axis=1)
         transitions = np.where(rows >= MIN_WEIGHT, fitted, self.transitions)
-        mean_length = self.mean_length if sw < MIN_WEIGHT or slen <= 0 else slen / sw
-        return HMM(children, transitions, initial, mean_length)
+        mean_length = self.mean_length if sw < MIN_WEIGHT or slen <= 0 else np.array(slen / sw)
+        return HMM._fitted(children, frozen(transitions), initial, frozen(mean_length))
+
+    @classmethod
+    def _fitted(cls, children, transitions: np.ndarray, initial: np.ndarray, mean_length: np.ndarray) -> "HMM":
+        """``HMM(children, transitions, initial, mean_length)`` for an M-step's result, without
+        the checks its making settles (a fixed cost that is most of a small fit's M-step):
+        ``children`` are the new versions of the old ones (their count and class), the
+        probabilities come from ``floor_probs`` or the previous model, every array is frozen
+        float64 (0-d for ``mean_length``). The attributes in the order ``Node._init_fields``
+        sets them."""
+        node = cls.__new__(cls)
+        node.children, node.transitions, node.initial, node.mean_length = (tuple(children), transitions, initial,
+                                                                           mean_length)
+        node._sizes, node._unset = {}, ()
+        return node
 
     def _sample(self, n, rng):
         states, offsets = self._draw_labels(n, rng)

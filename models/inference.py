@@ -7,8 +7,9 @@
   ``predict`` is its argmax (int64).
 - ``posterior_states`` and ``viterbi`` for the HMM at ``at``, given that the HMM generated
   the row: per position, the state probabilities (summing to 1) and the most probable path.
-- ``bic`` and ``aic`` from ``Node.n_parameters`` and the total log-likelihood; ``n`` is the
-  number of rows.
+- ``bic`` and ``aic`` from ``Node.n_parameters`` and the total log-likelihood; ``n`` is
+  ``n_observations``: the number of positions when the rows are sequences (the innermost
+  level, as hmmlearn counts ``len(X)``), else the number of rows (as scikit-learn does).
 
 **Shapes.** An answer has one entry per row the node's children read. For a node outside
 sequences that is one per data row: ``(n, K)`` or ``(n,)``. The children of an HMM, and any
@@ -28,7 +29,7 @@ import numpy as np
 
 from . import engine
 from .data import Data, Ragged, concat_rows, n_rows, take_rows
-from .errors import ModelError
+from .errors import DataError, ModelError
 
 if TYPE_CHECKING:
     from .base import Node
@@ -121,7 +122,10 @@ def _joined(parts: list) -> Data:
 def score_samples(model: Node, data) -> np.ndarray:
     """Log-likelihood of every row, ``(n,)``."""
     model.require_complete("score")
-    data = model.prepare(data)
+    return _scores(model, model.prepare(data))
+
+
+def _scores(model: Node, data: Data) -> np.ndarray:
     return np.concatenate([engine.log_density(model, d) for _, _, d in blocks(model, data)])
 
 
@@ -217,10 +221,39 @@ def viterbi_paths(hmm: Node, data: Ragged) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- information criteria
+def n_observations(model: Node, data) -> int:
+    """The ``n`` of ``bic``: how many observations ``data`` holds.
+
+    When the rows are sequences (the data is a ``Ragged``: a ``Sequence``, an ``HMM``, or a
+    ``Mixture`` of them at the root), an observation is a position of the innermost
+    sequence level: ``len(X)`` of hmmlearn's ``bic(X, lengths)`` for an HMM, the positions
+    of every inner sequence for a ``Sequence`` of HMMs. Otherwise an observation is a row
+    (a record with sequence fields included), as scikit-learn counts ``len(X)``.
+    """
+    return _observations(model.prepare(data))
+
+
+def _observations(data: Data) -> int:
+    while isinstance(data, Ragged):
+        data = data.values
+    n = n_rows(data)
+    if n < 1:
+        raise DataError("data holds no observations (every sequence is empty); BIC needs at least one")
+    return n
+
+
+def _log_likelihood_and_n(model: Node, data) -> tuple[float, int]:
+    model.require_complete("score")
+    data = model.prepare(data)
+    return float(_scores(model, data).sum()), _observations(data)
+
+
 def bic(model: Node, data) -> float:
-    """``-2 log L + p log n``: ``p = model.n_parameters()`` free parameters, ``n`` rows."""
-    ll = score_samples(model, data)
-    return float(-2.0 * ll.sum() + model.n_parameters() * math.log(ll.size))
+    """``-2 log L + p log n``: ``p = model.n_parameters()`` free parameters, ``n`` the
+    observations (``n_observations``: positions when the rows are sequences), as hmmlearn's
+    and scikit-learn's ``bic``."""
+    ll, n = _log_likelihood_and_n(model, data)
+    return float(-2.0 * ll + model.n_parameters() * math.log(n))
 
 
 def aic(model: Node, data) -> float:

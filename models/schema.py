@@ -156,12 +156,19 @@ class Size:
 
     It is a constructor keyword and a spec field of templates only: with ``of`` given, the
     size is ``of``'s (they must agree), and a complete node's spec leaves it out. ``None``
-    means the data decide it (``models.init.complete_shapes``), when ``from_data``.
+    means the data decide it (``models.init.complete_shapes``), when ``from_data``, or the
+    table's columns, while the field ``by`` holds a pattern of column names (a string, such
+    as a vector leaf's ``columns="*"``: ``models.tables.bind`` resolves it).
     """
 
     name: str
     of: str
     from_data: bool = False
+    by: str | None = None
+
+    def waits(self, values: dict) -> bool:
+        """Whether the size may stay unset: the field ``by`` holds a pattern still to resolve."""
+        return self.by is not None and isinstance(values.get(self.by), str)
 
     def check(self, value, family: str) -> int | None:
         if value is None:
@@ -302,3 +309,58 @@ def spec_list(spec: dict, key: str, family: str) -> list:
     if not isinstance(value, (list, tuple)):
         raise SpecError(f"{family} spec field {key!r} must be a list of model specs, got {type(value).__name__}")
     return list(value)
+
+
+#: The most nodes a spec may describe. They are counted from the spec before anything is
+#: built (each ``k`` shorthand multiplies its component's count): a mixture of 100,000
+#: components takes about 0.5 s to build and 10 s to plan on this machine, and every later
+#: pass walks each node.
+MAX_SPEC_NODES = 100_000
+
+
+def spec_node_count(spec, repeat_of) -> int:
+    """The nodes ``spec`` describes, counted without building any: every mapping in it is one
+    node (an over-count for a record's ``columns`` mapping), and the child of a shorthand
+    ``{count_key: K, child_key: spec}`` counts K times. ``repeat_of(family)`` gives a family's
+    ``(count_key, child_key)`` or None. A sub-spec met twice (a dict shared in a Python spec)
+    is counted once per use but walked once."""
+    counts: dict[int, int] = {}
+    todo = [(spec, False)]
+    while todo:
+        obj, ready = todo.pop()
+        if id(obj) in counts and not ready:
+            continue
+        kids, times = _spec_children(obj, repeat_of)
+        if not ready:
+            todo.append((obj, True))
+            todo.extend((c, False) for c in kids if id(c) not in counts)
+            continue
+        own = 1 if isinstance(obj, dict) else 0
+        counts[id(obj)] = own + sum(counts[id(c)] * t for c, t in zip(kids, times))
+    return counts[id(spec)]
+
+
+def _spec_children(obj, repeat_of) -> tuple[list, list[int]]:
+    """The mappings and lists directly inside ``obj``, each with how many times it counts."""
+    if isinstance(obj, (list, tuple)):
+        kids = [v for v in obj if isinstance(v, (dict, list, tuple))]
+        return kids, [1] * len(kids)
+    if not isinstance(obj, dict):
+        return [], []
+    repeat = repeat_of(obj.get("family")) if isinstance(obj.get("family"), str) else None
+    kids, times = [], []
+    for key, v in obj.items():
+        if not isinstance(v, (dict, list, tuple)):
+            continue
+        kids.append(v)
+        k = obj.get(repeat[0]) if repeat is not None and key == repeat[1] else None
+        times.append(k if isinstance(k, int) and not isinstance(k, bool) and k > 1 else 1)
+    return kids, times
+
+
+def check_spec_size(spec, repeat_of) -> None:
+    """Refuses (SpecError) a spec describing more than :data:`MAX_SPEC_NODES` nodes."""
+    n = spec_node_count(spec, repeat_of)
+    if n > MAX_SPEC_NODES:
+        raise SpecError(f"model spec describes {n:,} nodes (each 'k' or 'n_states' shorthand multiplies its "
+                        f"child's); the limit is {MAX_SPEC_NODES:,} (models.schema.MAX_SPEC_NODES)")

@@ -63,8 +63,9 @@ class Sequence(Internal):
     ``mean_length`` is the expected number of positions per row: it sets the sampling
     distribution of lengths (Poisson) and the planner's per-row cost, and the M-step
     updates it to the weighted mean length of the data. Lengths are treated as given:
-    they are not part of the density. Left unset, it is the data's mean length
-    (``models.complete_shapes``).
+    they are not part of the density, and ``mean_length`` is not a free parameter
+    (``n_parameters``). Left unset, it is the data's mean length (``models.complete_shapes``).
+    ``bic`` counts the positions (``models.inference.n_observations``).
     """
 
     family = "Sequence"

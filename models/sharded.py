@@ -37,6 +37,7 @@ from pathlib import Path
 
 from .base import MAX_SPEC_DEPTH, Node, from_spec, spec_depth
 from .errors import ModelError, SpecError
+from .files import read_text
 from .shard import Elsewhere, ShardView, fill_stubs
 
 __all__ = ["FORMAT", "Written", "ShardOf", "is_sharded", "write_shards", "save_sharded", "save_model_sharded",
@@ -185,12 +186,8 @@ def is_sharded(spec) -> bool:
 
 
 def _read_json(path: Path, what: str):
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read {what} {str(path)!r}: {e.strerror or type(e).__name__}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{what} {str(path)!r} is not UTF-8 text") from None
+    """The JSON of a regular UTF-8 file within ``models.files.MAX_SPEC_FILE_BYTES``."""
+    text = read_text(path, what, SpecError)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -230,7 +227,7 @@ def _check_root(root: dict, where: str) -> tuple[dict, list[dict], dict[str, int
         if (name is None) != (not roots):
             raise SpecError(f"{where}: shards[{s}] names a file without roots, or roots without a file")
         if name is not None and (not isinstance(name, str) or not name or "/" in name or "\\" in name
-                                 or name in (".", "..")):
+                                 or name in (".", "..") or any(ord(ch) < 32 for ch in name)):
             raise SpecError(f"{where}: shards[{s}].file must be a file name in the root's folder, got {name!r}")
         for p in roots:
             if p in owner:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import MAX_SPEC_DEPTH, Node, from_spec
+from .base import Node, from_spec
 from .errors import SpecError
-from .sharded import is_sharded, model_from_root
+from .sharded import is_sharded, model_from_root, read_root
 
 __all__ = ["from_spec", "load_model", "save_model"]
 
@@ -20,17 +20,7 @@ def load_model(path) -> Node:
     """Reads a model from a JSON spec file: a plain spec, or the root of a model written
     shard by shard and its shard files beside it (``models.sharded``), read back whole."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read model spec {str(p)!r}: {e.strerror}") from None
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"model spec {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    except RecursionError:
-        raise SpecError(f"model spec {str(p)!r} is nested too deep to read; the limit is {MAX_SPEC_DEPTH} "
-                        "levels") from None
+    spec = read_root(p)
     if is_sharded(spec):  # a root naming its shard files (models.sharded)
         return model_from_root(spec, p.parent, f"model spec {str(p)!r}")
     try:

@@ -20,7 +20,10 @@ with pyarrow); :class:`Table` wraps any of them with how to read it (``sequence_
 
 from __future__ import annotations
 
+import csv
+import fnmatch
 import importlib
+import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +31,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .columns import encode_values, value_list
+from .columns import encode_values, is_pattern, value_list
 from .data import Data, Ragged
 from .errors import DataError
+from .files import regular_file
+from .hints import hint
 from .schema import Children
 from .tree import child_path
 
@@ -38,6 +43,8 @@ if TYPE_CHECKING:
     from .base import Node
 
 FILE_SUFFIXES = (".parquet", ".csv")
+#: The longest first line (the column names) a CSV file may have.
+MAX_HEADER_BYTES = 1 << 20
 
 
 def pyarrow_module(name: str = "pyarrow"):
@@ -95,12 +102,14 @@ class Seq:
     values: object
 
 
-def column_tree(model: "Node", sequence_id: str | None = None):
+def column_tree(model: "Node", sequence_id: str | None = None, patterns: dict | None = None):
     """How the model's data are built from columns: a :class:`Col`, a tuple of trees (a
     record) or a :class:`Seq` (sequences from ``sequence_id``). Also returns every leaf's
-    columns by path (a mixture's components read the same columns)."""
+    columns by path (a mixture's components read the same columns). A leaf's own
+    ``columns`` name its columns; one still naming them by a pattern is refused, unless
+    ``patterns`` collects it (by path) for :func:`bind` to resolve."""
     reads: dict[str, Col] = {}
-    tree = _walk(model, "", None, sequence_id, reads)
+    tree = _walk(model, "", None, sequence_id, reads, patterns)
     return tree, reads
 
 
@@ -108,11 +117,33 @@ def _where(path: str) -> str:
     return repr(path) if path else "'<root>'"
 
 
-def _walk(node, path, names, sequence_id, reads):
+def _no_names(node, path: str) -> DataError:
+    """The error of a leaf whose columns nothing names, with how to name them."""
+    if "columns" in node.spec_fields:
+        fix = hint(f"give its columns: {node.family}(columns='*') (every numeric column), columns='mean_*' (a glob) "
+                   f"or columns=['a', 'b'], or put it in a Composite with named fields",
+                   f"give its columns: inline = {{ family = \"{node.family}\", columns = \"*\" }} (every numeric "
+                   "column), columns = \"mean_*\" (a glob) or columns = [\"a\", \"b\"]")
+    else:
+        fix = hint(f"a table is read through a Composite with named fields, e.g. Composite({{'x': {node.family}()}})",
+                   f"a table is read through a Composite with named fields, e.g. inline = {{ family = \"Composite\", "
+                   f"fields = [\"x\"], children = [{{ family = \"{node.family}\" }}] }}")
+    return DataError(f"the {node.family} at path {_where(path)} has no column name: {fix}")
+
+
+def _walk(node, path, names, sequence_id, reads, patterns=None):
     if node.is_leaf:
+        own = getattr(node, "columns", None)
+        if is_pattern(own):
+            if patterns is None:
+                raise DataError(f"the {node.family} at path {_where(path)} names its columns by the pattern {own!r}, "
+                                "which a table resolves: fit it on a table (models.tables.bind resolves it)")
+            patterns[path] = own
+            return Col((), "pattern", path)
+        if own is not None:
+            names = own
         if names is None:
-            raise DataError(f"the {node.family} at path {_where(path)} has no column name: a table is read through "
-                            f"a Composite with named fields, e.g. Composite({{'x': {node.family}(...)}})")
+            raise _no_names(node, path)
         t = node.data_type()
         if t.startswith("vec["):
             d = int(t[4:-1])
@@ -128,18 +159,34 @@ def _walk(node, path, names, sequence_id, reads):
         return col
     if node.reads_ragged:
         if sequence_id is None:
+            how = hint("Table(path, sequence_id='id')", "[data] sequence_id = \"id\"")
             raise DataError(f"the {node.family} at path {_where(path)} reads sequences: give the column that "
-                            f"groups a table's rows into sequences (sequence_id=..., [data] sequence_id)")
-        subs = [_walk(c, child_path(path, i), names, None, reads) for i, c in enumerate(node.children)]
+                            f"groups a table's rows into sequences ({how})")
+        subs = [_walk(c, child_path(path, i), names, None, reads, patterns) for i, c in enumerate(node.children)]
         return Seq(subs[0])
     if node.shares_child_data:
-        subs = [_walk(c, child_path(path, i), names, sequence_id, reads) for i, c in enumerate(node.children)]
+        subs = [_walk(c, child_path(path, i), names, sequence_id, reads, patterns) for i, c in enumerate(node.children)]
+        first = _columns_of(subs[0])
+        for i, sub in enumerate(subs[1:], 1):
+            if _columns_of(sub) != first:
+                raise DataError(f"the children of the {node.family} at path {_where(path)} read one column set, "
+                                f"but child 0 reads {list(first)} and child {i} {list(_columns_of(sub))}")
         return subs[0]
     if getattr(node, "fields", None) is None:
+        how = hint("Composite({'name': child, ...})", "fields = [\"name\", ...] beside children")
         raise DataError(f"the {node.family} at path {_where(path)} has positional fields; name them to read a "
-                        f"table (Composite({{'name': child, ...}}))")
-    return tuple(_walk(c, child_path(path, i), node.column_names(i), sequence_id, reads)
+                        f"table ({how})")
+    return tuple(_walk(c, child_path(path, i), node.column_names(i), sequence_id, reads, patterns)
                  for i, c in enumerate(node.children))
+
+
+def _columns_of(tree) -> tuple:
+    """What a column tree reads, without its paths (a pattern reads as itself)."""
+    if isinstance(tree, Col):
+        return (tree.kind, tree.names)
+    if isinstance(tree, Seq):
+        return ("seq", _columns_of(tree.values))
+    return tuple(_columns_of(t) for t in tree)
 
 
 def needed_columns(tree) -> list[str]:
@@ -159,9 +206,10 @@ def needed_columns(tree) -> list[str]:
 
 
 # ---------------------------------------------------------------- columns as numpy
-def column_arrays(col) -> tuple[np.ndarray, np.ndarray | None]:
+def column_arrays(col, name: str = "?") -> tuple[np.ndarray, np.ndarray | None]:
     """A pandas Series, pyarrow (Chunked)Array or array-like as ``(values, missing)``:
-    ``missing`` marks nulls and NaN (None when there are none)."""
+    ``missing`` marks nulls and NaN (None when there are none). A column of lists or
+    records (``name`` names it) is refused: a leaf reads numbers, strings or booleans."""
     mod = type(col).__module__ or ""
     if mod.startswith("pyarrow"):
         pa = pyarrow_module()
@@ -169,6 +217,9 @@ def column_arrays(col) -> tuple[np.ndarray, np.ndarray | None]:
             col = col.combine_chunks()
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
+        if pa.types.is_nested(col.type):
+            raise DataError(f"column {name!r} holds {col.type} values; a column a leaf reads holds numbers, strings "
+                            "or booleans (a vector reads one column per entry)")
         missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
         values = col.to_numpy(zero_copy_only=False)
     elif mod.startswith("pandas"):
@@ -178,6 +229,8 @@ def column_arrays(col) -> tuple[np.ndarray, np.ndarray | None]:
     else:
         values = np.asarray(col)
         missing = None
+        if values.ndim != 1:
+            raise DataError(f"column {name!r} has shape {values.shape}; a column a leaf reads is 1-D")
         if values.dtype.kind == "O":
             missing = np.array([v is None for v in values.tolist()], dtype=bool)
             missing = missing if missing.any() else None
@@ -203,38 +256,129 @@ def read_columns(source, names: list[str]) -> dict[str, tuple[np.ndarray, np.nda
         have = list(source.column_names)
     else:
         have = [str(c) for c in source.columns]
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise DataError(f"the table has no column {missing[0]!r} (it has: {', '.join(have[:12])})")
+    check_columns(names, have)
     out = {}
     for n in names:
         col = source[n] if not hasattr(source, "column") else source.column(n)
-        out[n] = column_arrays(col)
+        out[n] = column_arrays(col, n)
     lengths = {n: v.shape[0] for n, (v, _) in out.items()}
     if len(set(lengths.values())) > 1:
         raise DataError(f"the table's columns differ in length: {lengths}")
     return out
 
 
+def arrow_error(path, e: BaseException) -> DataError:
+    """A pyarrow error reading ``path`` as one line naming the file (for a CSV row with
+    another number of fields than the header's, that row by number)."""
+    kind = "Parquet" if Path(path).suffix.lower() == ".parquet" else "CSV"
+    text = str(e).splitlines()[0].strip() if str(e).strip() else type(e).__name__
+    ragged = _ragged_row(path) if kind == "CSV" and "Expected" in text and "columns" in text else None
+    if ragged is not None:
+        return ragged
+    return DataError(f"data file {str(path)!r} cannot be read as {kind}: {text[:200]}")
+
+
+def _ragged_row(path) -> DataError | None:
+    """The first data row of an unquoted CSV whose fields the header's count does not match
+    (read only once pyarrow has refused the file, so the scan costs nothing on good files)."""
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            rows = csv.reader(f)
+            header = next(rows, None)
+            for i, fields in enumerate(rows):
+                if fields and header is not None and len(fields) != len(header):
+                    shown = ",".join(fields)[:80]
+                    return DataError(f"data file {str(path)!r}: row {i} has {len(fields)} field(s), the header "
+                                     f"names {len(header)}: {shown!r}")
+    except (OSError, csv.Error):
+        return None
+    return None
+
+
+def check_header(path, have: list[str]) -> None:
+    """Refuses a file whose columns are unnamed or named twice."""
+    seen = set()
+    for name in have:
+        if name in seen:
+            raise DataError(f"data file {str(path)!r} names column {name!r} twice; every column needs its own name")
+        seen.add(name)
+    if not have:
+        raise DataError(f"data file {str(path)!r} has no columns")
+
+
+def check_columns(names, have: list[str], where: str = "the table") -> None:
+    """Refuses ``names`` that are not all among ``have`` (a table's columns), naming the first."""
+    missing = [n for n in names if n not in have]
+    if missing:
+        shown = ", ".join(have[:12]) + (", ..." if len(have) > 12 else "")
+        raise DataError(f"{where} has no column {missing[0]!r} (it has: {shown})")
+
+
+def file_columns(path: Path) -> list[str]:
+    """The column names of a ``.parquet`` file's schema or a ``.csv`` file's header, checked
+    (:func:`check_header`); the file must be a regular one."""
+    regular_file(path, "data file", DataError)
+    pa = pyarrow_module()
+    try:
+        if path.suffix.lower() == ".parquet":
+            have = list(pyarrow_module("pyarrow.parquet").ParquetFile(path).schema_arrow.names)
+        else:
+            pcsv = pyarrow_module("pyarrow.csv")
+            with open(path, "rb") as f:
+                header = f.readline(MAX_HEADER_BYTES + 1)
+            if len(header) > MAX_HEADER_BYTES:
+                raise DataError(f"data file {str(path)!r}: its first line is longer than {MAX_HEADER_BYTES:,} bytes "
+                                "(models.tables.MAX_HEADER_BYTES); a CSV's first line names its columns")
+            if not header.strip():
+                raise DataError(f"data file {str(path)!r} is empty: a CSV's first line names its columns")
+            check_line_ends(path, header)
+            have = list(pcsv.read_csv(io.BytesIO(header)).column_names)
+    except pa.ArrowException as e:
+        raise arrow_error(path, e) from None
+    except OSError as e:
+        raise DataError(f"cannot read data file {str(path)!r}: {e.strerror or e}") from None
+    check_header(path, have)
+    return have
+
+
+def check_line_ends(path, header: bytes) -> None:
+    """Refuses a CSV whose lines end with CR alone (its first line would hold the whole file)."""
+    if b"\r" in header.rstrip(b"\r\n"):
+        raise DataError(f"data file {str(path)!r}: its lines end with a carriage return alone (CR); emgrid reads "
+                        "CSV lines ending with LF or CRLF")
+
+
 def read_file(path: Path, names: list[str] | None = None):
     """A ``.parquet`` or ``.csv`` file's columns ``names`` as a pyarrow Table (pyarrow
-    needed: ``pip install emgrid[tables]``)."""
+    needed: ``pip install emgrid[tables]``); DataError naming the file for a file that is
+    missing, no regular file, no Parquet or CSV, or lacks a column."""
     if not path.exists():
         raise DataError(f"data file {str(path)!r} does not exist")
-    if path.suffix.lower() == ".parquet":
-        return pyarrow_module("pyarrow.parquet").read_table(path, columns=names)
-    pcsv = pyarrow_module("pyarrow.csv")
-    opts = pcsv.ConvertOptions(include_columns=names, strings_can_be_null=True) if names else None
-    return pcsv.read_csv(path, convert_options=opts)
+    have = file_columns(path)
+    if names is not None:
+        check_columns(names, have, f"data file {str(path)!r}")
+    pa = pyarrow_module()
+    try:
+        if path.suffix.lower() == ".parquet":
+            return pyarrow_module("pyarrow.parquet").read_table(path, columns=names)
+        pcsv = pyarrow_module("pyarrow.csv")
+        opts = pcsv.ConvertOptions(include_columns=names, strings_can_be_null=True) if names else None
+        return pcsv.read_csv(path, convert_options=opts)
+    except pa.ArrowException as e:
+        raise arrow_error(path, e) from None
+    except OSError as e:
+        raise DataError(f"cannot read data file {str(path)!r}: {e.strerror or e}") from None
 
 
 # ---------------------------------------------------------------- the model and its data
 def bind(model: "Node", data) -> "Node":
-    """``model`` with a value list on every ``Categorical`` that reads a column of the
-    table ``data`` and has none (the column's distinct values, sorted; only those columns
-    are read). A ``Categorical(n_values=V)`` (or a complete one) whose column holds codes
-    ``0..V-1`` keeps them: its values are ``0..V-1``."""
+    """``model`` bound to the table ``data``: every leaf naming its columns by a pattern
+    gets the table's columns it matches (:func:`resolve_patterns`), and every
+    ``Categorical`` that reads a column and has no value list gets the column's distinct
+    values, sorted (only those columns are read). A ``Categorical(n_values=V)`` (or a
+    complete one) whose column holds codes ``0..V-1`` keeps them: its values are ``0..V-1``."""
     table = as_table(data)
+    model = resolve_patterns(model, table)
     _, reads = column_tree(model, table.sequence_id)
     todo = {p: c for p, c in reads.items() if c.kind == "cat" and model.node_at(p).values is None}
     if not todo:
@@ -254,6 +398,73 @@ def bind(model: "Node", data) -> "Node":
                             f"path {_where(p)} has n_values={v}")
         new[p] = leaf.with_fields(values=values)
     return replace_nodes(model, new)
+
+
+def resolve_patterns(model: "Node", table: Table) -> "Node":
+    """``model`` with every leaf's pattern of ``columns`` replaced by the names it matches
+    among the table's numeric columns, in the table's order: ``"*"`` every one, a glob
+    (``fnmatch``: ``"mean_*"``) those it matches; columns other leaves name and the
+    ``sequence_id`` column are left out. The leaf's dimension becomes their number."""
+    patterns: dict[str, str] = {}
+    tree, _ = column_tree(model, table.sequence_id, patterns)
+    if not patterns:
+        return model
+    taken = set(needed_columns(tree)) | ({table.sequence_id} if table.sequence_id else set())
+    columns = table_columns(table.source)
+    numeric = [n for n, is_number in columns if is_number and n not in taken]
+    new = {}
+    for path, pattern in patterns.items():
+        names = numeric if pattern == "*" else [n for n in numeric if fnmatch.fnmatchcase(n, pattern)]
+        leaf = model.node_at(path)
+        if not names:
+            shown = ", ".join(numeric[:12]) + (", ..." if len(numeric) > 12 else "") if numeric else "none"
+            raise DataError(f"the {leaf.family} at path {_where(path)} reads the columns {pattern!r}, which match no "
+                            f"numeric column of the table (its numeric columns: {shown})")
+        dim = leaf.dim if leaf.mean is not None or leaf._sizes.get("dim") is not None else None
+        if dim is not None and dim != len(names):
+            raise DataError(f"the {leaf.family} at path {_where(path)} has dimension {dim}, but its columns "
+                            f"{pattern!r} match {len(names)}: {names[:8]}")
+        new[path] = leaf.with_fields(columns=names, dim=len(names) if leaf.mean is None else None)
+    return replace_nodes(model, new)
+
+
+def table_columns(source) -> list[tuple[str, bool]]:
+    """``(name, numeric)`` of every column of a table, in order: numeric are integer and
+    floating columns (not booleans). A CSV's types are those of its first MiB."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"data file {str(path)!r} does not exist")
+        file_columns(path)
+        pa = pyarrow_module()
+        try:
+            if path.suffix.lower() == ".parquet":
+                schema = pyarrow_module("pyarrow.parquet").ParquetFile(path).schema_arrow
+            else:
+                schema = csv_sample(path).schema
+        except pa.ArrowException as e:
+            raise arrow_error(path, e) from None
+        return [(f.name, _arrow_numeric(f.type)) for f in schema]
+    if isinstance(source, dict):
+        return [(n, np.asarray(v).dtype.kind in "iuf") for n, v in source.items()]
+    if hasattr(source, "schema") and hasattr(source, "column_names"):
+        return [(f.name, _arrow_numeric(f.type)) for f in source.schema]
+    return [(str(c), getattr(source[c].dtype, "kind", "O") in "iuf") for c in source.columns]
+
+
+def _arrow_numeric(t) -> bool:
+    pa = pyarrow_module()
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def csv_sample(path: Path, limit: int = 1 << 20):
+    """The first ``limit`` bytes of a CSV file's rows (whole lines), parsed as pyarrow infers
+    them: the column types a reader of the file's parts uses."""
+    pcsv = pyarrow_module("pyarrow.csv")
+    with open(path, "rb") as f:
+        sample = f.read(limit + 1)
+    cut = sample.rfind(b"\n") + 1 if len(sample) > limit else len(sample)
+    return pcsv.read_csv(io.BytesIO(sample[:cut] or sample), convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
 
 
 def replace_nodes(node: "Node", new: dict, path: str = "") -> "Node":
@@ -294,8 +505,9 @@ def missing_rows(cols: dict, drop: bool, first_row: int = 0) -> np.ndarray | Non
             continue
         if not drop:
             row = first_row + int(np.argmax(miss))
+            how = hint("Table(path, drop_missing=True)", "[data] drop_missing = true")
             raise DataError(f"column {name!r} has a missing value (null, NaN or an empty field) at row {row}; "
-                            f"drop such rows with drop_missing=True ([data] drop_missing = true)")
+                            f"drop such rows with {how}")
         bad = miss.copy() if bad is None else (bad | miss)
     if bad is None:
         return None

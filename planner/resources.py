@@ -14,6 +14,9 @@ from emgrid.models.errors import ConfigError
 #: measures it on a machine and writes ``bench/results/calibration.json``; pass
 #: ``flops_per_s`` (or ``[resources] flops_per_s`` in a config) to plan for other hardware.
 DEFAULT_FLOPS_PER_S = 2.8e9
+#: The most workers a plan may be made for: the planner prices every worker and CP-SAT holds
+#: variables per worker; 10,000 identical workers plan in about 2 s on this machine.
+MAX_WORKERS = 10_000
 
 
 class Worker(BaseModel):
@@ -65,6 +68,13 @@ class Resources(BaseModel):
     #: when a process outside the grid does (multiprocessing's parent, the local caller).
     coordinator_in_grid: bool = False
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _not_too_many(cls, workers):
+        if hasattr(workers, "__len__") and len(workers) > MAX_WORKERS:
+            raise ValueError(f"at most {MAX_WORKERS:,} workers (planner.resources.MAX_WORKERS), got {len(workers):,}")
+        return workers
+
     @field_validator("workers")
     @classmethod
     def _unique_names(cls, workers):
@@ -84,6 +94,9 @@ class Resources(BaseModel):
         """``n`` identical workers named ``w0 .. w{n-1}``."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"workers must be an integer >= 1, got {n!r}")
+        if n > MAX_WORKERS:
+            raise ConfigError(f"workers must be at most {MAX_WORKERS:,} (the planner's limit, "
+                              f"planner.resources.MAX_WORKERS), got {n:,}")
         if memory_bytes is not None and not (_is_number(memory_bytes) and 0 < memory_bytes < float("inf")):
             raise ConfigError(f"memory_bytes must be a finite number of bytes > 0, got {memory_bytes!r}")
         if not (_is_number(flops_per_s) and 0 < flops_per_s < float("inf")):

@@ -6,8 +6,11 @@ The names a user needs first, importable from here; each loads its layer on firs
     from emgrid import Mixture, FullGaussian, Resources, balance_plan, optimize
 
 The layers themselves are ``emgrid.models`` (the model tree), ``emgrid.planner`` (the exact
-balance plan) and ``emgrid.executors`` (the EM engines), imported one way:
-models <- planner <- executors <- cli.
+balance plan), ``emgrid.executors`` (the EM engines) and ``emgrid.estimators`` (scikit-learn
+and hmmlearn estimators over them), imported one way:
+models <- planner <- executors <- estimators, cli. The estimators need scikit-learn
+(``pip install "emgrid[sklearn]"``), which ``import emgrid`` never loads; they stay out of
+``__all__`` so ``from emgrid import *`` works without it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ _EXPORTS: dict[str, str] = {
         "plan_from_assignment", "BalancePlan", "ModelCut", "PlanError", "InfeasiblePlanError")},
     **{name: "emgrid.executors" for name in ("optimize", "get", "FitResult")},
 }
+#: the scikit-learn-style estimators, loaded (with scikit-learn) on first use
+_ESTIMATORS = ("GaussianMixture", "GaussianHMM", "PoissonHMM", "CategoricalHMM", "EMEstimator")
 
 __all__ = sorted(_EXPORTS)
+_EXPORTS.update({name: "emgrid.estimators" for name in _ESTIMATORS})
 
 
 def __getattr__(name: str):

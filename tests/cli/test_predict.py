@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from emgrid.cli.main import main
-from emgrid.models import HMM, Gaussian, Mixture, Poisson, Sequence, save_model
+from emgrid.models import HMM, Gaussian, Mixture, Poisson, Sequence, load_model, save_model
 from emgrid.models.data import flatten, unflatten
 from tests.cli.test_commands import config, emgrid
 
@@ -131,3 +131,18 @@ def test_fit_ends_with_one_summary_line(tmp_path, quiet):
                tmp_path / "p.csv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert len(read_csv(tmp_path / "p.csv")["label"]) == 4000
+
+
+def test_the_summary_bic_of_an_hmm_counts_positions_as_the_models_bic_does(tmp_path, capsys):
+    cfg, data = file_run(tmp_path, HMM_MODEL, n=40)
+    (tmp_path / "run.toml").write_text(FILE_CONFIG.replace('output = "out"', 'output = "out"\nmax_iter = 5'))
+    assert main(["fit", str(cfg), "--quiet"]) in (0, 1)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    fitted = load_model(tmp_path / "out" / "model.json")
+    positions = int(data.offsets[-1])
+    assert positions > 40 and f"{positions} observations" in line
+    bic = float(line.split("BIC ")[1].split()[0])
+    ll = json.loads((tmp_path / "out" / "report.json").read_text())["log_likelihood"][-1]
+    assert bic == pytest.approx(-2 * ll + fitted.n_parameters() * math.log(positions), rel=1e-9)
+    assert fitted.bic(data) == pytest.approx(-2 * fitted.score_samples(data).sum()
+                                             + fitted.n_parameters() * math.log(positions), rel=1e-9)

@@ -13,6 +13,7 @@ import pytest
 
 from emgrid.cli.checkpoint import CHECKPOINT, checkpoint_files, read_checkpoint
 from emgrid.cli.main import main
+from emgrid.cli.outdir import MANIFEST
 from emgrid.models import Composite, DiagGaussian, Mixture, load_model
 from emgrid.models.sharded import read_shard
 
@@ -106,7 +107,7 @@ def test_a_split_fit_writes_shard_files_that_read_back_as_the_gathered_model(tmp
     assert result.model is not None and result.log_likelihood == report["log_likelihood"]
     assert load_model(out / "model.json").to_spec() == result.model.to_spec()
     k = result.model.n_parameters()
-    assert f"({k} free parameters, 2000 rows)" in stdout.strip().splitlines()[-1]
+    assert f"({k} free parameters, 2000 observations)" in stdout.strip().splitlines()[-1]
     for s in range(2):  # one shard alone: its subtree, and the skeleton's weights
         one = read_shard(out / "model.json", s)
         assert one.subtrees[str(s)].to_spec() == result.model.children[s].to_spec()
@@ -119,7 +120,7 @@ def test_a_split_fit_writes_shard_files_that_read_back_as_the_gathered_model(tmp
     assert iteration == 6 and trace == report["log_likelihood"]
     assert model.to_spec() == result.model.to_spec()
     # nothing but the run's files: the earlier checkpoints' shard files are gone
-    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out) + ["model.json", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out) + [MANIFEST, "model.json", "report.json"]
                                                            + shard_files(out, "model"))
 
 
@@ -183,7 +184,7 @@ def test_an_interrupted_local_fit_keeps_its_last_iteration_sharded_and_resumes_e
     assert code == 130, err
     assert "the checkpoint of iteration 4 is in" in err
     monkeypatch.setattr(progress.Progress, "update", real)
-    assert sorted(p.name for p in (part / "out").iterdir()) == sorted(checkpoint_files(part / "out"))
+    assert sorted(p.name for p in (part / "out").iterdir()) == sorted(checkpoint_files(part / "out") + [MANIFEST])
     assert len(checkpoint_files(part / "out")) == 3
     code, _, err = fit(config(part, max_iter=7), capsys, "--resume")
     assert code == 1, err

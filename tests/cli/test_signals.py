@@ -19,6 +19,7 @@ import pytest
 
 from emgrid.cli.checkpoint import checkpoint_files, read_checkpoint
 from emgrid.cli.main import main
+from emgrid.cli.outdir import MANIFEST
 
 CONFIG = """
 [model]
@@ -165,7 +166,7 @@ def test_a_signal_mid_fit_checkpoints_the_last_iteration_and_resume_equals_the_u
     reached, _, trace = read_checkpoint(out)
     assert reached >= seen and int(re.search(r"iteration (\d+)", lines[0]).group(1)) == reached
     # no lock, no scratch copy of the data: the checkpoint only (and its shard files when the plan splits the model)
-    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out))
+    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out) + [MANIFEST])
     assert outlived(workers) == []
 
     monkeypatch.chdir(tmp_path)
@@ -260,4 +261,4 @@ def test_an_mpi_fit_stops_with_its_launcher_and_no_rank_outlives_it(tmp_path, ho
         assert re.fullmatch(r"emgrid: interrupted: the MPI job did not stop in time and was killed; the checkpoint of "
                             r"iteration \d+ is in .*out: continue with --resume", lines[0]), err
     read_checkpoint(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out))
+    assert sorted(p.name for p in out.iterdir()) == sorted(checkpoint_files(out) + [MANIFEST])

@@ -284,3 +284,28 @@ def test_a_hung_mpi_rank_hits_the_executor_timeout_and_the_job_is_aborted(fault,
     hung = 1 - judge
     assert named.group(1) == re.search(rf"RANK {hung} PID (\d+)", proc.stdout).group(1)  # the hung process's pid
     assert wall < 30, f"took {wall:.1f} s"  # the hang lasts 600 s
+
+
+def test_a_failure_after_the_starts_is_named_by_the_iteration_the_fit_counts(monkeypatch):
+    # the starts' refining iterations run on the grid first: its E-step done + 2 is the fit's iteration 2
+    import numpy as np
+
+    from emgrid.models import from_spec
+    from emgrid.planner import Resources
+
+    data = np.random.default_rng(0).normal(size=300) * np.repeat([1.0, 3.0], 150) + np.repeat([-4.0, 4.0], 150)
+    template = from_spec({"family": "Mixture", "k": 2, "component": {"family": "Gaussian"}})
+
+    def run(**kw):
+        return optimize(data, template, resources=Resources.uniform(1), executor="multiprocessing", max_iter=5,
+                        tol=0.0, n_init=3, init="random", init_iter=3, seed=0, **kw)
+
+    clean = run()
+    done = sum(len(t) for t in clean.init_traces)
+    assert len(clean.init_traces[0]) >= 2
+    for grid_iteration, named in [(done + 2, "in iteration 2: "), (2, "in iteration 2 of start 1/3's refinement: ")]:
+        monkeypatch.setenv(ENV, f"raise:iteration={grid_iteration}")
+        with deadline(), pytest.raises(FitError, match=r"failed " + re.escape(named)) as info:
+            run()
+        if grid_iteration != 2:
+            assert f"in iteration {grid_iteration}" not in str(info.value)

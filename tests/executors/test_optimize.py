@@ -9,9 +9,10 @@ import pytest
 
 from emgrid import executors
 from emgrid.executors import FitResult, NpyDataset, get, optimize
+from emgrid.executors.loop import check_finite
 from emgrid.executors.result import PHASES
 from emgrid.models import Composite, Gaussian, Mixture, Poisson, n_rows
-from emgrid.models.errors import ConfigError, FitError, PlanError
+from emgrid.models.errors import ConfigError, DataError, FitError, PlanError
 from emgrid.planner import Resources
 
 from .plans import assert_same_trace, grid_plan
@@ -121,11 +122,19 @@ def test_a_plan_is_checked_against_the_resources_given_with_it(small):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_statistics_stop_the_fit_naming_the_node():
+def test_values_whose_squares_would_overflow_are_refused_naming_the_row():
     model = Composite([Poisson(2.0), Gaussian(0.0, 1.0)])
-    data = (np.array([1, 2, 3]), np.array([1e200, -1e200, 3.0]))
-    with pytest.raises(FitError, match=r"iteration 1: the statistics of node '1' \(Gaussian\)"):
+    data = (np.array([1, 2, 3]), np.array([3.0, 1e200, -1e200]))
+    with pytest.raises(DataError, match=r"data\[1\]: Gaussian data holds 1e\+200 at row 1"):
         optimize(data, model, plan=grid_plan(model, 3, 1, 2), max_iter=3)
+
+
+def test_non_finite_statistics_stop_the_fit_naming_the_node_and_the_iteration():
+    with pytest.raises(FitError, match=r"iteration 4: the statistics of node '1' \(Gaussian\) are not finite"):
+        check_finite(("1", "Gaussian"), -3.0, 4)
+    with pytest.raises(FitError, match=r"iteration 2: the log-likelihood is -inf"):
+        check_finite(None, float("-inf"), 2)
+    check_finite(None, -3.0, 1)
 
 
 def test_without_a_plan_it_plans_for_the_resources_first(nested):

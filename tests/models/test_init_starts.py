@@ -1,11 +1,17 @@
 """How starts are made: distinct starts, k-means on standardized columns that shuns outliers,
-and an HMM partitioned by the contexts of its positions."""
+an HMM partitioned by the contexts of its positions, and a Poisson HMM from drawn rates."""
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
+from pathlib import Path
 
-from emgrid.models import HMM, Categorical, Gaussian, Mixture, complete_shapes, from_spec, initialize
+import numpy as np
+import pytest
+
+from emgrid.executors import optimize
+from emgrid.models import HMM, Categorical, Gaussian, Mixture, Poisson, complete_shapes, from_spec, initialize
+from emgrid.models.errors import ConvergenceWarning
 from emgrid.models.context import MAX_VALUES, context_labels
 from emgrid.models.kmeans import kmeans_labels
 from emgrid.models.starts import distinct_starts, per_start, start_key
@@ -120,3 +126,67 @@ def test_no_full_gaussian_starts_from_fewer_rows_than_it_has_dimensions():
     for start in range(20):
         m = initialize(template, x, len(x), seed=0, start=start)
         assert np.asarray(m.weights).min() * len(x) >= d + 1 - 1e-9
+
+
+# ---------------------------------------------------------------- Poisson HMMs
+EARTHQUAKES = Path(__file__).resolve().parents[2] / "examples" / "earthquakes.csv"
+#: hmmlearn 0.3.3's best ``score`` over ``PoissonHMM(K, n_iter=100, random_state=s)``, s = 0..9,
+#: on the earthquake counts (bench/quality.py runs it live)
+HMMLEARN_BEST_OF_10 = {2: -341.879, 3: -328.528, 4: -327.394}
+
+
+def _earthquakes() -> np.ndarray:
+    return np.loadtxt(EARTHQUAKES, delimiter=",", skiprows=1, dtype=np.int64)[:, 1]
+
+
+def test_a_poisson_hmm_starts_from_drawn_rates_around_the_counts_with_states_that_persist():
+    from emgrid.models.init import STAY
+
+    counts = _earthquakes()
+    shape = from_spec({"family": "HMM", "n_states": 3, "emission": {"family": "Poisson"}})
+    data = shape.prepare([counts])
+    template = complete_shapes(shape, data)
+    starts = [initialize(template, data, 1, seed=0, start=s) for s in range(20)]
+    rates = np.array([[float(c.rate) for c in m.children] for m in starts])
+    assert (np.diff(rates, axis=1) >= 0).all()  # the states in increasing order of their rates
+    assert len({r.tobytes() for r in rates}) == 20  # every start its own draw
+    assert abs(rates.mean() - counts.mean()) < 0.15 * counts.mean()  # drawn around the counts' mean ...
+    assert rates.std() > 0.5 * counts.std()  # ... and spread like them
+    for m in starts:
+        np.testing.assert_allclose(np.diag(m.transitions), STAY)
+        np.testing.assert_allclose(m.initial, 1.0 / 3)
+    again = initialize(template, data, 1, seed=0, start=7)
+    assert start_key(again) == start_key(starts[7])
+    # given probabilities are kept
+    given = HMM([Poisson(), Poisson()], transitions=[[0.5, 0.5], [0.2, 0.8]])
+    m = initialize(complete_shapes(given, given.prepare([counts])), given.prepare([counts]), 1, seed=0)
+    np.testing.assert_array_equal(m.transitions, [[0.5, 0.5], [0.2, 0.8]])
+
+
+def test_the_defaults_find_at_least_what_hmmlearn_finds_on_the_earthquake_counts():
+    counts = _earthquakes()
+    for k, peer in HMMLEARN_BEST_OF_10.items():
+        template = from_spec({"family": "HMM", "n_states": k, "emission": {"family": "Poisson"}})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)  # and converges within max_iter
+            fit = optimize([counts], template, n_init=10, seed=0)
+        assert fit.converged
+        assert float(fit.model.score_samples([counts]).sum()) >= peer - 1e-3, k
+
+
+def test_the_defaults_find_at_least_hmmlearns_best_of_ten_seeds_live():
+    hmm = pytest.importorskip("hmmlearn.hmm")
+    counts = _earthquakes()
+    for k in (2, 3, 4):
+        best = -np.inf
+        for s in range(10):
+            peer = hmm.PoissonHMM(k, n_iter=100, random_state=s)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                peer.fit(counts[:, None])
+            best = max(best, peer.score(counts[:, None]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fit = optimize([counts], from_spec({"family": "HMM", "n_states": k, "emission": {"family": "Poisson"}}),
+                           n_init=10, seed=0)
+        assert float(fit.model.score_samples([counts]).sum()) >= best - 1e-6, k

@@ -168,10 +168,14 @@ def test_explain_says_why():
 
 
 def test_time_limit_returns_the_best_heuristic_with_its_gap():
-    model = Composite([heavy_mixture(24, 3, 9), heavy_mixture(16, 2, 14), heavy_mixture(40, 1, 9)])
+    # proving this plan optimal takes about 4.6 s on a 2-core machine; limited to 0.3 s it
+    # returns in about 0.23 s: the bound leaves a busy machine 10x slack and stays below
+    # what a search that ignores the limit takes
+    model = Composite([heavy_mixture(24, 3, 9), heavy_mixture(16, 2, 14), heavy_mixture(40, 1, 9),
+                       heavy_mixture(32, 2, 11), heavy_mixture(8, 4, 6)])
     cfg = SolverConfig(seed=0, num_workers=2, time_limit_s=0.3, grid_deterministic_limit=0.05)
     plan = plan_and_check(model, uniform(64), 1, solver=cfg)
-    assert plan.solve_time_s < 1.0
+    assert plan.solve_time_s < 3.0
     if plan.status == "feasible":
         assert plan.lower_bound_s < plan.objective_s
         assert plan.extra["gap"] > 0
