@@ -332,7 +332,7 @@ def _rank_names(plan) -> dict[int, str]:
     from emgrid.executors.mpi import rank_map
 
     grid = plan.worker_grid()
-    return {rank: f"rank {rank} (worker {grid[r][s]!r}, replica {r}, shard {s})"
+    return {rank: f"worker {grid[r][s]!r} (replica {r}, shard {s}, rank {rank})"
             for (r, s), rank in rank_map(plan, plan.workers_used).items()}
 
 

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
-import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 
 from .predict import add_parser as add_predict_parser
-from .predict import cmd_predict, fit_summary, skipped_note
+from .predict import cmd_predict
 
 EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -290,225 +287,11 @@ def _signal_exit(e: BaseException) -> int:
     return 128 + int(getattr(e, "signum", signal.SIGINT))
 
 
-def run_fit(cfg, model, data, plan, *, quiet: bool, resume: bool, record=None, fingerprint=None,
-            executor_options=None, dropped=None) -> int:
-    """Fits and writes the results. The model is written shard by shard
-    (``models.sharded``): every checkpoint from the grid's shards inside the callback of its
-    iteration, while the workers hold them, and ``model.json`` likewise inside the callback of
-    the last iteration (or, resumed at ``max_iter`` already, from the checkpoint's model).
-    After an interrupt or a failure the checkpoint of the last finished iteration is written
-    when this process kept that model: a ``local`` fit's (its grid is this process) or one
-    of at most :data:`HOLD_BYTES` of parameters (gathered from the shards after every
-    iteration); for a larger model on other workers the last periodic checkpoint is what
-    remains. ``dropped``: the mask of the file's rows ``[data] drop_missing`` left out
-    (``session.dropped_rows``; None: none), named in the summary and in ``report.json``."""
-    from emgrid.executors import get as get_executor
-    from emgrid.executors import optimize
-    import numpy as np
+def run_fit(cfg, model, data, plan, **options) -> int:
+    """Fits and writes the results (:class:`emgrid.cli.fitrun.FitRun`)."""
+    from .fitrun import FitRun
 
-    from emgrid.executors.mstep import Shards
-    from emgrid.models import ShardView
-    from emgrid.models.errors import ConvergenceWarning, FitError
-
-    from .checkpoint import read_checkpoint, write_checkpoint
-    from .outdir import OutputError, write_output
-    from .progress import Progress
-    from .report import plan_table
-
-    out = cfg.resolve(cfg.fit.output)
-    lead = _rank() == 0
-    done, trace = 0, []
-    if resume:
-        done, model, trace = read_checkpoint(out, fingerprint, max_iter=cfg.fit.max_iter)
-    if not quiet and lead:
-        print(plan_table(plan))
-        print()
-    remaining = cfg.fit.max_iter - done
-    progress = Progress(cfg.fit.max_iter, quiet=quiet or not lead)
-    # a local grid lives in this process, and a small model costs little to fetch each iteration
-    hold = lead and (cfg.executor.kind == "local" or _param_bytes(model) <= _hold_limit(plan, cfg.executor.kind == "mpi"))
-    # held: (iteration, the model after it as Shards) this process can still write after the
-    # fit stopped (when ``hold``; else None); saved: the checkpoint on disk;
-    # written: what writing model.json gave (its n_parameters for the summary)
-    state = {"held": None, "trace": list(trace), "saved": done, "written": None}
-    record = record if lead else None
-    if record is not None:
-        record.progress(done)
-
-    def save(iteration, shards, so_far):
-        try:
-            write_checkpoint(out, iteration, shards, so_far, fingerprint)
-        except OutputError as e:
-            raise FitError(f"{e}; the fit stopped after iteration {iteration}") from None
-        state["saved"] = iteration
-
-    def write_model(shards):
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            state["written"] = write_model_file(out, shards)
-        except (OutputError, OSError) as e:
-            raise FitError(f"the fit finished but its results cannot be written: {e}") from None
-
-    def callback(iteration, loglik, so_far):
-        shards = so_far.shards  # the model after this iteration, on the grid (so_far.model may be None)
-        if hold:  # with its iteration: a signal between the two lines below keeps them apart
-            state["held"] = (done + iteration, Shards.held(shards.view, shards.gather()))
-        state["trace"].append(loglik)
-        progress.update(done + iteration, loglik, so_far.timings[-1]["total"])
-        if record is not None:
-            record.progress(done + iteration)
-        k = cfg.fit.checkpoint_every
-        last = so_far.converged or iteration == remaining
-        source = shards if state["held"] is None else state["held"][1]  # held: fetched once already
-        if k and lead and ((done + iteration) % k == 0 or last):
-            save(done + iteration, source, state["trace"])
-        if last and lead:  # the workers hold the fitted model only while the fit runs
-            write_model(source)
-        if record is not None and record.stop_requested():
-            raise Interrupted(record.stop_requested())  # the launcher was interrupted: stop here
-
-    def keep_last() -> None:
-        """The checkpoint of the last finished iteration, when this process has its model."""
-        if state["held"] is None:
-            return
-        reached, held = state["held"]
-        if reached > state["saved"]:
-            write_checkpoint(out, reached, held, state["trace"][:reached], fingerprint)
-            state["saved"] = reached
-
-    t0 = time.perf_counter()
-    try:
-        if remaining > 0:
-            f = cfg.fit
-            executor = get_executor(cfg.executor.kind, **cfg.executor.executor_options(), **(executor_options or {}))
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", ConvergenceWarning)
-                result = optimize(data, model, plan=plan, executor=executor,
-                                  max_iter=remaining, tol=f.tol, callback=callback, n_init=f.n_init, seed=f.seed,
-                                  init=f.init, init_iter=f.init_iter, reg_covar=f.reg_covar,
-                                  pseudo_count=f.pseudo_count,
-                                  previous_log_likelihood=trace[-1] if trace else None)
-            fit_warnings = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
-                            and not str(w.message).startswith("not converged")]  # the note below says it
-        else:
-            result, fit_warnings = None, []
-    except KeyboardInterrupt as e:
-        # Ctrl-C (130) or SIGTERM (143): keep every finished iteration this process still has;
-        # a second signal while the checkpoint is written does not cut it short
-        code = _signal_exit(e)
-        with _signals_ignored():
-            progress.close()
-            if not lead:
-                return code
-            try:
-                keep_last()
-            except OutputError as err:
-                print(f"emgrid: interrupted; {err}", file=sys.stderr)
-                return code
-            reached = done + len(state["trace"]) - len(trace)
-            if state["saved"] > 0:
-                print(f"emgrid: interrupted: the checkpoint of iteration {state['saved']} is in {out}; "
-                      "continue with --resume", file=sys.stderr)
-            elif reached > 0:
-                print(f"emgrid: interrupted after iteration {reached}; no checkpoint was written ([fit] "
-                      "checkpoint_every keeps one); nothing to resume", file=sys.stderr)
-            else:
-                print("emgrid: interrupted before the first iteration finished; nothing to resume", file=sys.stderr)
-        return code
-    except FitError as e:
-        # A worker died or the statistics went non-finite: keep the model after the last
-        # M-step that completed when this process has it, so --resume continues from it.
-        progress.close()
-        if lead:
-            try:
-                keep_last()
-            except OutputError:
-                pass
-        if lead and state["saved"] > 0:
-            e.args = (f"{e}; the checkpoint of iteration {state['saved']} is in {out}: continue with --resume",)
-        raise
-    progress.close()
-    if not lead:
-        return EXIT_OK
-    for line in fit_warnings:
-        print(f"emgrid: warning: {line}", file=sys.stderr)
-    full_trace = list(trace) + (list(result.log_likelihood) if result is not None else [])
-    converged = bool(result.converged) if result is not None else False
-    report = {
-        "plan": json.loads(plan.to_json()),
-        "log_likelihood": full_trace,
-        "iterations": len(full_trace),
-        "converged": converged,
-        "timings": result.timings if result is not None else [],
-        "bytes_moved": result.bytes_moved if result is not None else [],
-        "wall_s": time.perf_counter() - t0,
-    }
-    if dropped is not None:
-        rows = [int(r) for r in np.flatnonzero(dropped)]
-        report["dropped_rows"] = {"count": len(rows), "of": int(dropped.size), "rows": rows[:DROPPED_LISTED]}
-    if result is not None and result.init_log_likelihoods:
-        report["init"] = {"log_likelihoods": result.init_log_likelihoods, "best": result.init_best,
-                          "seconds": result.init_s, "seeding_seconds": result.init_seeding_s}
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if state["written"] is None:  # no iteration ran here: the resumed checkpoint's model, whole
-            held = Shards.held(ShardView.of(model, plan.shard_of_leaf(), len(plan.model_cuts)), model)
-            state["written"] = write_model_file(out, held)
-            if cfg.fit.checkpoint_every:
-                write_checkpoint(out, len(full_trace), held, full_trace, fingerprint)
-        write_output(out / "report.json", json.dumps(report, indent=1, default=float))
-    except (OutputError, OSError) as e:
-        raise FitError(f"the fit finished but its results cannot be written: {e}") from None
-    if not quiet:
-        print(f"wrote {out / 'model.json'} and {out / 'report.json'}")
-    print(fit_summary(state["written"].n_parameters, _n_observations(model, data), len(full_trace), converged,
-                      full_trace[-1] if full_trace else None))
-    if dropped is not None:
-        print(f"note: [data] drop_missing dropped {skipped_note(dropped, dropped.size)} with a missing value; "
-              f"the fit's rows are the others, in order (report.json lists them)", file=sys.stderr)
-    if not converged:
-        print(f"note: not converged within max_iter={cfg.fit.max_iter} (tol={cfg.fit.tol}); "
-              f"raise [fit] max_iter or continue with --resume", file=sys.stderr)
-        return EXIT_NOT_CONVERGED
-    return EXIT_OK
-
-
-#: how many of the rows ``drop_missing`` left out ``report.json`` lists (all are counted)
-DROPPED_LISTED = 10_000
-
-#: a model of at most this many bytes of parameters is gathered here after every iteration of
-#: a fit on other processes, so that an interrupt or a failure keeps its last iteration
-HOLD_BYTES = 64 * 2**20
-
-
-def _hold_limit(plan, in_grid: bool) -> float:
-    """The largest model (parameter bytes) this process keeps a copy of after every iteration:
-    :data:`HOLD_BYTES`, and where this process is also the worker of cell (0, 0) (``in_grid``:
-    MPI) and that worker's memory is known, a third of what its plan leaves free there (the
-    copy, its pickle and the shard fetched in transit), so the copy never breaks the plan."""
-    cell = plan.per_worker[0]
-    if not in_grid or cell.memory_limit is None:
-        return HOLD_BYTES
-    return min(HOLD_BYTES, (cell.memory_limit - cell.memory_bytes) / 3)
-
-
-def _param_bytes(model) -> int:
-    return sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
-
-
-def write_model_file(out: Path, shards):
-    """``out/model.json`` from ``shards`` (``executors.mstep.Shards``), one shard at a time:
-    a root naming ``model.<tag>.shard-<s>.json`` beside it, or one plain spec for a model no
-    node splits (``models.sharded``); every file recorded in the folder's manifest before it
-    is written, and the earlier writes' recorded shard files removed after the root is in
-    place (``cli.outdir``). Returns the ``Written`` record (its n_parameters)."""
-    from .checkpoint import write_model_files
-    from .outdir import remove_stale_shard_files, write_output
-
-    written = write_model_files(shards, out, "model")
-    write_output(out / "model.json", json.dumps(written.spec, indent=1))
-    remove_stale_shard_files(out, "model", written.files)
-    return written
+    return FitRun(cfg, model, data, plan, **options).run()
 
 
 class Interrupted(KeyboardInterrupt):

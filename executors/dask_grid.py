@@ -6,7 +6,7 @@ How bytes move:
   ``.npy`` files (a dataset on disk, on a file system the workers share), or receives its
   replica's rows, only its shard's columns, scattered once to its worker (data in memory).
 - **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, :meth:`executors.actors.Cell.load`); per iteration, the coordinator's new
+  (pickled, :meth:`executors.cell.Cell.load`); per iteration, the coordinator's new
   skeleton (the spanning nodes) goes to every cell and each column's head pushes its
   shard's new subtrees to the other cells of its column.
 - **Statistics**, every iteration: the cells of each shard's column sum them by a tree
@@ -16,7 +16,7 @@ How bytes move:
   :class:`executors.step.ShareReport`.
 - **Coupling**, per block: each cell calls ``deliver`` on the actors of the other shards of its
   replica (worker to worker, on the workers' event loops) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.actors`); the
+  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`); the
   column messages travel the same way.
 
 Cells are placed on the workers the plan names when it was made for this cluster
@@ -45,28 +45,26 @@ distributed's log first. A cluster named by ``address`` is used as it is.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
-import threading
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, nullcontext
 from time import perf_counter, sleep
 from typing import ClassVar
 
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, dask_slots
 
-from .actors import Cell, check_timeouts, failed, forwarded_env, import_extra, no_answer, outcome, shipped_rows
+from . import dask_cells
+from .actors import forwarded_env, import_extra, shipped_rows
+from .cell import Cell
+from .dask_cells import DaskCell, Shipped, quiet_logs
+from .cellgrid import CellGrid, Died, Failed, GridExecutor, describe_error
 from .datafiles import NpyDataset
-from .loop import GridOutcome, run_em
-from .mstep import update_bytes
-from .protocol import BaseExecutor, FitJob
+from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
-from .step import grid_layout
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, thread_env
+from .threads import DEFAULT_BLAS_THREADS, thread_env
 
 #: Seconds between two looks at the scheduler's list of workers while a step runs.
 _LIVENESS_S = 0.5
@@ -78,42 +76,11 @@ def _import_distributed():
     return import_extra("dask", "distributed")
 
 
-#: Loggers kept quiet while a fit runs on a cluster the executor started: distributed's
-#: ("Compute Failed" with the cell's traceback, before emgrid's own line) and tornado's
-#: (callbacks whose connection closed while the cluster stops).
-QUIET_LOGGERS = ("distributed", "tornado")
-
-
-@contextmanager
-def quiet_logs(names=QUIET_LOGGERS, level: int = logging.CRITICAL):
-    """The loggers ``names`` at ``level`` or above only, and their previous levels back after."""
-    loggers = [logging.getLogger(n) for n in names]
-    before = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(max(level, lg.level))
-    try:
-        yield
-    finally:
-        for lg, was in zip(loggers, before):
-            lg.setLevel(was)
-
-
-def dask_setup(worker) -> None:
-    """Run in every worker process of a cluster the executor starts (a Dask preload: this
-    module is named in the cluster's ``preload``), on the worker's main thread before any
-    task: SIGINT ignored (the fit's own process stops the workers) and distributed's and
-    tornado's loggers quiet (:data:`QUIET_LOGGERS`: the cells' errors travel to the fit)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def local_cluster(n_workers: int, blas_threads: int | None, scratch: Scratch):
     """A ``LocalCluster`` for one fit: ``n_workers`` processes of one thread, everything on
     127.0.0.1 (the scheduler's HTTP endpoint, which it keeps without a dashboard, on a port
     of its own rather than 8787, which another cluster may hold), no dashboard, worker
-    folders in ``scratch``, and :func:`dask_setup` run in every worker."""
+    folders in ``scratch``, and :func:`executors.dask_cells.dask_setup` run in every worker."""
     distributed = _import_distributed()
     import dask
 
@@ -121,108 +88,8 @@ def local_cluster(n_workers: int, blas_threads: int | None, scratch: Scratch):
         return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                         host="127.0.0.1", dashboard_address=None, silence_logs=logging.CRITICAL,
                                         scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                                        local_directory=str(scratch.path), preload=[__name__],
+                                        local_directory=str(scratch.path), preload=[dask_cells.__name__],
                                         env=thread_env(blas_threads))
-
-
-class Shipped:
-    """Rows shipped to a cell, wrapped so that ``client.scatter`` sends them as one object."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data):
-        self.data = data
-
-
-class DaskCell:
-    """The Dask actor of one cell (:class:`executors.actors.Cell`), with a thread of its own
-    per call that may wait.
-
-    The coordinator calls ``info``, ``connect``, ``waits_for``, ``abort`` and ``close`` with
-    ``separate_thread=False``, and the cells call each other's ``deliver`` so (they run on
-    the worker's event loop, briefly); ``load``, ``step``, ``update`` and ``fetch`` are
-    coroutines that run the cell's method on a thread of the cell's, so the worker's one actor
-    thread, shared by the actors of its process, is never held, and deliveries are taken
-    while the cell waits.
-    """
-
-    def __init__(self, spec, model, directory, rows, blas_threads, env):
-        data = rows.data if isinstance(rows, Shipped) else rows
-        self.cell = Cell(spec, model, directory, data, blas_threads, env)
-        self.thread_name = f"emgrid-{spec.name}"
-        self.peers: dict | None = None
-
-    def info(self) -> dict:
-        return self.cell.info()
-
-    def connect(self, peers: dict, replicas: int) -> None:
-        """``peers``: ``(replica, shard)`` -> ``(worker address, actor key)`` of every cell
-        this one sends to (:meth:`Cell.targets`). Called on the worker's event loop, where
-        the worker is known; the proxies are made on the cell's thread at its first send,
-        bound to this worker (and to no client, so they hold no reference to the peers'
-        actors)."""
-        from distributed import get_worker
-
-        worker = get_worker()
-        self.peers = {}
-
-        def send(target, key, message):
-            proxy = self.peers.get(target)
-            if proxy is None:
-                from distributed.actor import Actor
-
-                proxy = self.peers[target] = Actor(DaskCell, *peers[target], worker=worker)
-            proxy.deliver(key, message, separate_thread=False)
-
-        self.cell.connect(send, replicas)
-
-    def deliver(self, key, message) -> None:
-        self.cell.deliver(key, message)
-
-    async def _threaded(self, method, *args):
-        """``method(*args)`` on a daemon thread of the cell's own (a hung one does not hold
-        its process at exit), awaited on the worker's event loop."""
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def settle(result, error):
-            if not done.cancelled():
-                if error is None:
-                    done.set_result(result)
-                else:
-                    done.set_exception(error)
-
-        def run():
-            try:
-                result, error = method(*args), None
-            except BaseException as e:  # noqa: BLE001 - carried to the coordinator
-                result, error = None, e
-            loop.call_soon_threadsafe(settle, result, error)
-
-        threading.Thread(target=run, name=self.thread_name, daemon=True).start()
-        return await done
-
-    async def load(self, payload: bytes, regularization) -> None:
-        return await self._threaded(self.cell.load, payload, regularization)
-
-    async def step(self, iteration: int):
-        return await self._threaded(self.cell.run, iteration)
-
-    async def update(self, iteration: int, skeleton: bytes) -> int:
-        return await self._threaded(self.cell.update, iteration, skeleton)
-
-    async def fetch(self) -> dict:
-        return await self._threaded(self.cell.owned)
-
-    def waits_for(self) -> str:
-        return self.cell.waits_for()
-
-    def abort(self) -> None:
-        self.cell.abort()
-
-    def close(self) -> None:
-        self.cell.close()
-        self.peers = None
 
 
 async def _end_process() -> None:
@@ -230,27 +97,25 @@ async def _end_process() -> None:
     os._exit(70)
 
 
-class DaskGrid:
+class DaskGrid(CellGrid):
     """The coordinator's side: one actor per cell, on a ``distributed.Client``."""
+
+    #: The cell's methods that run on the worker's event loop (the others are coroutines).
+    _INLINE = ("info", "connect", "waits_for", "abort", "close")
 
     def __init__(self, client, job: FitJob, directory: str | None, timeout_s: float | None,
                  startup_timeout_s: float, blas_threads: int | None):
-        self.client, self.job, self.directory = client, job, directory
-        self.timeout_s, self.startup_timeout_s, self.blas_threads = timeout_s, startup_timeout_s, blas_threads
-        self.layout = grid_layout(job.model, job.plan)
-        self.cells = [spec for row in self.layout for spec in row]
-        self.shape = (job.plan.data_parallel, job.plan.model_parallel)
-        self.iteration = 0
+        super().__init__(job, timeout_s, startup_timeout_s)
+        self.client, self.directory, self.blas_threads = client, directory, blas_threads
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
         self.addresses: list[str] = []
         self.infos: list[dict] = [{} for _ in self.cells]
-        self.calls: list = []  # the calls of the round in flight (grid order), unanswered when it failed
-        self.called: list[int] = []  # the cells they went to
+        self.calls: dict = {}  # the calls of the round in flight, unanswered when it failed
         self._checked = 0.0
 
     # ------------------------------------------------------------ naming and liveness
-    def _who(self, i: int) -> str:
+    def who(self, i: int) -> str:
         s = self.cells[i]
         pid = self.infos[i].get("pid")
         at = f"pid {pid} on Dask worker {self.addresses[i]}" if pid else f"Dask worker {self.addresses[i]}"
@@ -263,14 +128,14 @@ class DaskGrid:
         """Raises FitError naming the first cell whose actor or worker is gone."""
         for i, f in enumerate(self.futures):
             if f.status in ("lost", "cancelled"):
-                raise FitError(f"{self._who(i)} died {when} (its actor was lost)")
+                raise FitError(f"{self.who(i)} died {when} (its actor was lost)")
         now = perf_counter()
         if force or now - self._checked >= _LIVENESS_S:
             self._checked = now
             live = self._live_workers()
             for i, a in enumerate(self.addresses):
                 if a not in live:
-                    raise FitError(f"{self._who(i)} died {when} (the scheduler lost its worker)")
+                    raise FitError(f"{self.who(i)} died {when} (the scheduler lost its worker)")
 
     # ------------------------------------------------------------ placement and start
     def _placement(self) -> list[str]:
@@ -297,98 +162,51 @@ class DaskGrid:
             self.futures.append(client.submit(DaskCell, spec, part, self.directory, rows, self.blas_threads, env,
                                               actor=True, workers=[address], allow_other_workers=False, pure=False,
                                               key=f"emgrid-{spec.name}-{token}"))
-        deadline = perf_counter() + self.startup_timeout_s
-        pending = set(range(len(self.futures)))
-        while pending:
-            for i in sorted(pending):
-                f = self.futures[i]
-                if f.status == "error":
-                    raise failed(self._who(i), "while starting", f.exception())
-                if f.status == "finished":
-                    pending.discard(i)
-            if not pending:
-                break
-            self._check_alive("while starting")
-            if perf_counter() > deadline:
-                names = ", ".join(self._who(i) for i in sorted(pending))
-                raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from {names}")
-            try:
-                self.futures[min(pending)].result(timeout=0.1)
-            except Exception:  # noqa: BLE001 - its status is read above on the next pass
-                pass
+        self.collect(dict(enumerate(self.futures)), "while starting", self.startup_timeout_s)
         self.actors = [f.result() for f in self.futures]
-        self.infos = self._call_all([a.info(separate_thread=False) for a in self.actors], "while starting",
-                                    self.startup_timeout_s)
+        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
         d, m = self.shape
         where = [(address, f.key) for address, f in zip(self.addresses, self.futures)]
-        self._call_all([a.connect({t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d, separate_thread=False)
-                        for a, s in zip(self.actors, self.cells)], "while starting", self.startup_timeout_s)
+        self.collect({i: self.call(i, "connect", {t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
+                      for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
 
     @property
     def pids(self) -> list[int]:
         return [info.get("pid") for info in self.infos]
 
-    # ------------------------------------------------------------ one run, one iteration
-    def broadcast(self, model, payloads) -> None:
-        """Shard by shard, so that this process holds one shard's pickle at a time."""
-        reg, m = self.job.regularization, self.shape[1]
-        for shard in range(m):
-            blob = payloads[shard]
-            cells = list(range(shard, len(self.cells), m))
-            self._call_all([self.actors[i].load(blob, reg) for i in cells],
-                           f"while receiving the model for iteration {self.iteration + 1}", self.timeout_s, cells=cells)
-            del blob
+    # ------------------------------------------------------------ calls and answers
+    def call(self, i: int, method: str, *args):
+        if method in self._INLINE:
+            return getattr(self.actors[i], method)(*args, separate_thread=False)
+        return getattr(self.actors[i], method)(*args)
 
-    def e_step(self, iteration: int) -> GridOutcome:
-        self.iteration = iteration
-        t0 = perf_counter()
-        got = self._call_all([a.step(iteration) for a in self.actors], f"in iteration {iteration}", self.timeout_s)
-        return outcome(got, self.shape, perf_counter() - t0)
-
-    def update(self, skeleton, payload: bytes) -> int:
-        it = self.iteration
-        pushed = self._call_all([a.update(it, payload) for a in self.actors], f"in the update after iteration {it}",
-                                self.timeout_s)
-        return update_bytes(self.layout[0][0].view, self.shape[0], len(payload), pushed[:self.shape[1]])
-
-    def fetch(self, shard: int) -> dict:
-        (owned,) = self._call_all([self.actors[shard].fetch()], f"sending shard {shard}'s subtrees after iteration "
-                                  f"{self.iteration}", self.timeout_s, cells=[shard])
-        return owned
-
-    def _call_all(self, calls: list, when: str, timeout_s: float | None, cells: list[int] | None = None) -> list:
-        """Every cell's answer to one call each (grid order, or the order of ``cells``, the
-        cells called); FitError on an error, a death or a timeout, naming the cell."""
-        cells = list(range(len(calls))) if cells is None else cells
-        self.calls, self.called = calls, cells
-        out: list = [None] * len(calls)
-        pending = set(range(len(calls)))
-        deadline = None if timeout_s is None else perf_counter() + timeout_s
-        while pending:
-            for i in sorted(pending):
-                if calls[i].done():
-                    try:
-                        out[i] = calls[i].result()
-                    except Exception as e:  # noqa: BLE001 - the cell's own error, or its death, named
-                        who = self._who(cells[i])
-                        if isinstance(e, OSError) and str(e) == _UNREACHABLE:
-                            raise FitError(f"{who} died {when} (its worker cannot be reached)") from None
-                        raise failed(who, when, e) from None
-                    pending.discard(i)
-            if not pending:
-                break
-            self._check_alive(when)
-            if deadline is not None and perf_counter() > deadline:
-                stuck = sorted(cells[i] for i in pending)
-                raise no_answer(self._who, self.cells, stuck, self._waits(stuck), timeout_s, when)
-            try:
-                calls[min(pending)].result(timeout=0.05)
-            except Exception:  # noqa: BLE001 - a timeout, or its error, read on the next pass
-                pass
-        self.calls, self.called = [], []
+    def collect(self, calls: dict, when: str, timeout_s: float | None) -> list:
+        self.calls = calls
+        out = super().collect(calls, when, timeout_s)
+        self.calls = {}
         return out
 
-    def _waits(self, cells: list[int]) -> dict[int, list[int]]:
+    def poll(self, calls: dict, wait_s: float, when: str) -> list:
+        out = []
+        for i, call in calls.items():
+            if call.done():
+                try:
+                    out.append((i, call.result()))
+                except Exception as e:  # noqa: BLE001 - the cell's own error, or its death, named
+                    if isinstance(e, OSError) and str(e) == _UNREACHABLE:
+                        out.append((i, Died("died", "its worker cannot be reached")))
+                    else:
+                        out.append((i, Failed(*describe_error(e))))
+        if out:
+            return out
+        self._check_alive(when)
+        try:
+            calls[min(calls)].result(timeout=min(wait_s, 0.05))
+        except Exception:  # noqa: BLE001 - a timeout, or its error, read on the next pass
+            pass
+        return []
+
+    def waits(self, cells: list[int]) -> dict[int, str]:
         """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
         if not self.actors:
             return {}
@@ -419,10 +237,10 @@ class DaskGrid:
             except Exception:  # noqa: BLE001 - best effort: a dead worker cannot close
                 pass
         deadline = perf_counter() + 1.0  # aborted, the calls that waited for a peer end now
-        while any(not c.done() for c in self.calls) and perf_counter() < deadline:
+        while any(not c.done() for c in self.calls.values()) and perf_counter() < deadline:
             sleep(0.02)
-        busy = {self.addresses[i] for i, c in zip(self.called, self.calls) if not c.done()}
-        self.actors, self.calls, self.called = [], [], []
+        busy = {self.addresses[i] for i, c in self.calls.items() if not c.done()}
+        self.actors, self.calls = [], {}
         if self.futures:
             try:
                 self.client.cancel(self.futures, force=True)
@@ -438,16 +256,15 @@ class DaskGrid:
                     pass
 
 
-class DaskExecutor(BaseExecutor):
+class DaskExecutor(GridExecutor):
     """Dask actors, one per grid cell, on a Dask cluster.
 
     ``address``: the scheduler's address (``"tcp://host:8786"``), or a
     ``distributed.Client`` to use as it is; ``None`` starts a local cluster for the run
     (``n_workers`` processes, default one per grid cell, one thread each) and closes it
-    after. ``timeout_s``: the longest one iteration may take before the fit stops (``None``:
-    no limit; deaths are noticed regardless). ``startup_timeout_s``: the longest the cells
-    may take to start and open their rows. ``blas_threads``: BLAS and OpenMP threads in each
-    cell's process while it lives (default 1; ``None`` leaves them as they are).
+    after. ``timeout_s``, ``startup_timeout_s``, ``blas_threads``: as every grid executor's
+    (:class:`executors.cellgrid.GridExecutor`; the BLAS limit holds in each cell's process
+    while the cell lives).
     """
 
     name: ClassVar[str] = "dask"
@@ -455,14 +272,9 @@ class DaskExecutor(BaseExecutor):
     def __init__(self, address=None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  n_workers: int | None = None, blas_threads: int | None = DEFAULT_BLAS_THREADS):
         _import_distributed()
-        check_timeouts(timeout_s, startup_timeout_s)
+        super().__init__(timeout_s, startup_timeout_s, blas_threads)
         self.address = address
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
         self.n_workers = n_workers
-        self.blas_threads = check_blas_threads(blas_threads)
-        #: pids of the cells (grid order), while a fit runs.
-        self.worker_pids: list[int] = []
 
     def _client(self):
         """``(client, close)``: a client of the given cluster, or of one started here."""
@@ -484,43 +296,26 @@ class DaskExecutor(BaseExecutor):
             close()
 
     def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            if self.address is not None:
-                return self._run(job)
-            with quiet_logs():
-                return self._run(job)
+        with quiet_logs() if self.address is None else nullcontext():
+            return super().run(job)
 
     def _run(self, job: FitJob) -> FitResult:
         distributed = _import_distributed()
-        client, close = self._client()
-        cluster = None
-        scratch = None
-        grid = None
-        try:
+        with ExitStack() as after:  # in reverse: the cells, the client, the cluster, its folder
+            client, close = self._client()
+            cluster = None
             if client is None:
                 scratch = Scratch("dask")
+                after.callback(scratch.close)
                 cluster = local_cluster(self.n_workers or job.plan.workers_used, self.blas_threads, scratch)
+                after.callback(cluster.close)
                 client = distributed.Client(cluster, direct_to_workers=True)
                 close = client.close
+            after.callback(close)
             directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
             grid = DaskGrid(client, job, directory, self.timeout_s, self.startup_timeout_s, self.blas_threads)
-            grid.start()
-            self.worker_pids = grid.pids
-            return run_em(grid, job, self.name)
-        finally:
-            self.worker_pids = []
-            try:
-                if grid is not None:
-                    grid.close(own_cluster=cluster is not None)
-            finally:
-                try:
-                    if close is not None:
-                        close()
-                    if cluster is not None:
-                        cluster.close()
-                finally:
-                    if scratch is not None:
-                        scratch.close()
+            after.callback(grid.close, own_cluster=cluster is not None)
+            return self.fit_on(grid, job)
 
     def __repr__(self) -> str:
         return (f"DaskExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "

@@ -1,20 +1,17 @@
 """The multiprocessing executor: one worker process per grid cell on this machine.
 
-Bytes move over pipes, and no process holds the whole model (:mod:`executors.mstep`):
+Each worker runs one :class:`executors.cell.Cell` (the protocol every transport shares) over
+pipes, and the parent is a :class:`executors.cellgrid.CellGrid` (the EM loop's side and the
+fault rule); only how bytes move is this module's:
 
-- the parent (the coordinator) sends each worker its shard's pickled part of the model
-  once per run (:class:`executors.mstep.ShardPart`), then per iteration a step command;
-- the shards of a replica exchange their per-row log densities directly, over one pipe
-  per pair of shards, as :mod:`executors.coupling`'s flat messages;
-- the statistics of shard ``s`` are reduced over the workers of its column by the tree
-  of :func:`executors.mstep.tree_rounds` (pickled partial sums and log-likelihoods, over
-  one pipe per pair of the tree) to the column's head, the worker of cell ``(0, s)``,
-  which runs its shard's M-step and sends the parent only its
-  :class:`executors.mstep.ColumnReport`. Every worker sends the parent its
-  :class:`executors.step.ShareReport` (timings, memory);
-- the parent sends the new skeleton to every worker; each head sends its new subtrees
-  down the same tree to the other workers of its column, and the parent fetches a
-  shard's subtrees from its head only when asked (:meth:`ProcessGrid.fetch`).
+- the parent's calls go down one control pipe per worker, in order (so the model and the
+  updates are sent without waiting), and their answers come back up it; bytes-like
+  arguments (a shard's pickled part, a skeleton) travel as they are, after the call;
+- the cells exchange their messages (coupling, partial sums, a head's new subtrees) over
+  one pipe per pair of cells that meet (the shards of a replica, the replicas of a
+  column); a reader thread per pipe delivers what arrives into the cell's mailbox, so a
+  sender never waits for its receiver's step, and a broken pipe aborts the cell naming
+  the peer it lost.
 
 Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
 run-tagged scratch folder when the caller gave arrays, :class:`executors.scratch.Scratch`,
@@ -33,225 +30,113 @@ import the script (to unpickle it), which then needs the guard.
 A SIGTERM to the parent while it runs a fit (with the default action in place) unwinds it:
 the workers stop and the temporary copy of the data goes, then the process exits 143.
 
-A worker that raises or dies stops the fit with a FitError naming it and the iteration;
-the parent never blocks on a dead worker. When one worker fails, the workers it exchanges
-with (the other shards of its replica, its column's head or the column's other replicas)
-lose their pipes to it and report that too; the parent names the worker that failed first
-(an error it reported, or a death), not the peers that stopped because of it.
+A worker that raises or dies stops the fit with a FitError naming it and the iteration
+(the parent watches every worker's sentinel, and never blocks on a dead one); the workers
+that lose their pipes to it report that they did, which only points the parent at it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import signal
-import struct
 import sys
 import threading
-import traceback
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from time import perf_counter
 from typing import ClassVar
 
-import numpy as np
-
 from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError
 from emgrid.models.regularize import Regularization
 
-from . import coupling
+from .cell import Cell, PeerLost
+from .cellgrid import CellGrid, Died, Failed, GridExecutor, Lost, describe_error, join_raw, split_raw
 from .datafiles import NpyDataset
-from .loop import GridOutcome, critical_path, run_em
-from .memory import PeakMeter, map_large_blocks, warm_up
-from .mstep import ShardPart, column_reduce, report_payload, tree_role, tree_rounds, update_bytes
-from .protocol import BaseExecutor, FitJob
+from .memory import map_large_blocks
+from .mstep import tree_role
+from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch, set_parent_death_signal
-from .step import PROTOCOL, WorkerSpec, WorkerStep, grid_layout
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, environment, limited, probe, thread_env
-
-#: Seconds the parent keeps listening, after a worker reports that it lost a peer, for the
-#: peer's own error report or death (the cause, which it names instead).
-_CAUSE_GRACE_S = 5.0
-_LOGLIK = struct.Struct("<d")  # a partial sum's log-likelihood, as it goes up its column's tree
-
-
-class _PeerLost(Exception):
-    """A pipe to another worker (of the replica, or of the column) broke: that worker failed."""
-
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.index = index  # the peer's grid index
-
+from .step import WorkerSpec
+from .threads import DEFAULT_BLAS_THREADS, environment, limited, thread_env
 
 def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
-                 peers: dict[int, Connection], column: dict[int, Connection],
-                 regularization: Regularization | None = None,
+                 links: dict[tuple[int, int], Connection], regularization: Regularization | None = None,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
-    """A worker process: map its rows, then serve the parent's commands until told to stop.
-
-    ``d``: the replicas of the grid. ``peers``: by shard, the pipes to the other shards of
-    its replica; ``column``: by replica, the pipes to the workers of its column it meets in
-    the column's tree reduce (:func:`executors.mstep.tree_rounds`). It dies with the
+    """A worker process: its :class:`executors.cell.Cell` over pipes, serving the parent's
+    calls until told to stop. ``d``: the replicas of the grid; ``links``: by ``(replica,
+    shard)``, the pipes to the cells it sends to (:meth:`Cell.targets`). It dies with the
     process that started it (a worker busy in a step would not read its pipe's end soon)."""
     parent = mp.parent_process()
     if parent is not None:
         set_parent_death_signal(signal.SIGKILL, parent.pid)
     with limited(blas_threads):
-        _serve(spec, d, directory, model, control, peers, column, regularization)
+        _serve(spec, d, directory, model, control, links, regularization)
 
 
 def _serve(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
-           peers: dict[int, Connection], column: dict[int, Connection],
-           regularization: Regularization | None) -> None:
+           links: dict[tuple[int, int], Connection], regularization: Regularization | None) -> None:
     try:
         map_large_blocks()
-        for root in spec.roots:
-            warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
-        meter = PeakMeter()  # after the imports and the warm-up, before the rows: see executors.memory
-        step = WorkerStep(model, spec, NpyDataset(directory).open_rows(spec.start, spec.stop), meter)
+        cell = Cell(spec, model, directory, None)
         del model  # each run's part comes with its broadcast
-        probe(spec.name)
-        children, parent = tree_role(spec.replica, d)
-        cell = _Column(spec, column)
-        control.send(("ready", None))
-        part: ShardPart | None = None
-        received = 0.0  # seconds spent taking in the model since the last step
-        pending = b""  # a head's new subtrees, pickled for the rest of its column
+        _PipeLink(cell, links, d)
+        control.send(("ok", None))
         while True:
-            command, arg = control.recv()
-            if command == "stop":
+            method, args = control.recv()
+            if method == "stop":
                 return
-            t0 = perf_counter()
-            if command == "part":
-                part = None  # the last run's part: not kept while the new one is unpickled
-                part = ShardPart(spec.view, spec.shard, pickle.loads(control.recv_bytes()), regularization,
-                                 private=True)
-                received += perf_counter() - t0
-            elif command == "update":  # the skeleton from the parent, the subtrees down the column's tree
-                skeleton = pickle.loads(control.recv_bytes())
-                if parent is not None:
-                    pending = cell.recv(parent)
-                for r in reversed(children):  # the largest subtree first
-                    cell.send(r, pending)
-                if parent is None:
-                    part.apply(skeleton)
-                else:
-                    part.apply(skeleton, pickle.loads(pending))
-                pending = b""
-                del skeleton
-                received += perf_counter() - t0
-            elif command == "fetch":
-                blob = pickle.dumps(part.owned(), protocol=PROTOCOL)
-                control.send(("bytes", None))
-                control.send_bytes(blob)
-                del blob
-            elif command == "step":
-                share = step.run(part.part, lambda mine: _exchange(spec, peers, mine), arg)
-                share.receive_s, received = received, 0.0
-                pending = _reduce(spec, d, part, share, cell, meter, control)
-                del share
-            else:
-                raise RuntimeError(f"unknown command {command!r}")
-    except _PeerLost as e:
-        try:
-            control.send(("lost", e.index))
-        except OSError:
-            pass
+            args = join_raw(args, iter(control.recv_bytes, None))
+            if method == "load":
+                cell.load(args[0], regularization)
+            elif method == "update":
+                cell.update(*args)
+            else:  # the calls the parent waits for
+                control.send(("ok", getattr(cell, method)(*args)))
+    except PeerLost as e:
+        _tell(control, ("lost", e.index))
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return  # the parent went away
     except BaseException as e:
+        _tell(control, ("error", describe_error(e)))
+
+
+def _tell(control: Connection, message) -> None:
+    try:
+        control.send(message)
+    except OSError:
+        pass
+
+
+class _PipeLink:
+    """A cell's pipes to the cells it sends to: a reader thread per pipe delivers what
+    arrives (so a sender never waits for its receiver's step), and a broken pipe aborts the
+    cell naming the peer (:class:`executors.cell.PeerLost`)."""
+
+    def __init__(self, cell: Cell, pipes: dict[tuple[int, int], Connection], d: int):
+        self.cell, self.pipes = cell, pipes
+        self.m = cell.spec.view.n_shards
+        for target, conn in pipes.items():
+            threading.Thread(target=self._read, args=(target, conn), daemon=True,
+                             name=f"emgrid-{cell.spec.name}-from-{target[0]}x{target[1]}").start()
+        cell.connect(self.send, d)
+
+    def send(self, target: tuple[int, int], key: tuple, payload, extra) -> None:
+        conn = self.pipes[target]
         try:
-            summary = traceback.format_exception_only(type(e), e)[-1].strip()
-            control.send(("error", (summary, traceback.format_exc())))
+            conn.send((key, extra))
+            conn.send_bytes(payload)
         except OSError:
-            pass
+            raise PeerLost(target[0] * self.m + target[1]) from None
 
-
-class _Column:
-    """A worker's pipes to the other workers of its column (by replica); a broken one is
-    that worker's failure (:class:`_PeerLost`)."""
-
-    def __init__(self, spec: WorkerSpec, conns: dict[int, Connection]):
-        self.spec, self.conns = spec, conns
-
-    def _lost(self, replica: int) -> _PeerLost:
-        return _PeerLost(replica * self.spec.view.n_shards + self.spec.shard)
-
-    def send(self, replica: int, blob: bytes) -> None:
+    def _read(self, target: tuple[int, int], conn: Connection) -> None:
         try:
-            self.conns[replica].send_bytes(blob)
-        except OSError:
-            raise self._lost(replica) from None
-
-    def recv(self, replica: int) -> bytes:
-        try:
-            return self.conns[replica].recv_bytes()
+            while True:
+                key, extra = conn.recv()
+                self.cell.deliver(key, conn.recv_bytes(), extra)
         except (EOFError, OSError):
-            raise self._lost(replica) from None
-
-
-def _reduce(spec: WorkerSpec, d: int, part: ShardPart, share, cell: _Column, meter: PeakMeter,
-            control: Connection) -> bytes:
-    """This worker's part of its column's tree reduce (:func:`executors.mstep.column_reduce`)
-    and its report to the parent: a partial sum's sender reports before it sends (so a
-    worker the parent still waits for is computing or waiting for its column, never for
-    its receiver); the head runs its shard's M-step and reports its column. Returns, on a
-    head with other replicas, its new subtrees pickled for them (else empty)."""
-    t0 = perf_counter()
-    moved = 0
-
-    def receive(r: int):
-        nonlocal moved
-        (loglik,) = _LOGLIK.unpack(cell.recv(r))
-        blob = cell.recv(r)
-        moved += len(blob)
-        return pickle.loads(blob), loglik
-
-    def send(r: int, partial) -> None:
-        stats, loglik = partial
-        blob = pickle.dumps(stats, protocol=PROTOCOL)
-        share.peak_bytes = meter.peak_bytes()
-        control.send(("share", share.report(spec.name, len(blob), meter.baseline_bytes)))
-        cell.send(r, _LOGLIK.pack(loglik))
-        cell.send(r, blob)
-
-    out = column_reduce(spec.replica, d, share.stats, share.loglik, receive, send)
-    share.stats = None  # the partial sum holds them (or what replaced them) now
-    if out is None:
-        return b""
-    box, loglik = [out[0]], out[1]
-    del out
-    report = part.estimate(box.pop(), loglik)  # the column's totals, passed as their only reference
-    report.reduce_s = perf_counter() - t0 - report.mstep_s
-    report.reduce_bytes = moved
-    pending = part.pending_payload() if d > 1 else b""
-    share.peak_bytes = meter.peak_bytes()
-    control.send(("head", (share.report(spec.name, 0, meter.baseline_bytes), len(pending))))
-    control.send_bytes(report_payload(report))
-    return pending
-
-
-def _exchange(spec: WorkerSpec, peers: dict[int, Connection], mine: dict) -> dict:
-    """Allgather over the replica's shards: pairs in one global order, so no send waits forever.
-    Messages are :mod:`executors.coupling`'s flat arrays; a received one is read in place."""
-    message = coupling.pack(mine, spec.roots)
-    messages = {spec.shard: message}
-    for peer in sorted(peers):
-        conn = peers[peer]
-        try:
-            if spec.shard < peer:
-                conn.send_bytes(message)
-                got = conn.recv_bytes()
-            else:
-                got = conn.recv_bytes()
-                conn.send_bytes(message)
-        except (EOFError, OSError):
-            raise _PeerLost(spec.index - spec.shard + peer) from None
-        messages[peer] = np.frombuffer(got)
-    del message
-    return coupling.merge([messages[s] for s in range(len(spec.replica_roots))], spec.replica_roots)
+            self.cell.abort(lost=target[0] * self.m + target[1])
 
 
 @contextmanager
@@ -282,85 +167,96 @@ def _main_hidden(model: Node):
                 main.__dict__[k] = v
 
 
-class ProcessGrid:
+class ProcessGrid(CellGrid):
     """The parent's side: one control pipe per worker, the workers' sentinels to notice deaths."""
+
+    ordered = True  # a worker takes its pipe's calls in order
 
     def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
-        self.job, self.directory, self.context = job, directory, context
+        super().__init__(job, timeout_s, startup_timeout_s)
+        self.directory, self.context = directory, context
         self.blas_threads = blas_threads
-        self.layout = grid_layout(job.model, job.plan)
-        self.cells = [spec for row in self.layout for spec in row]  # in grid order, as the workers
-        self.view = self.layout[0][0].view
-        self.shape = (job.plan.data_parallel, job.plan.model_parallel)
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.iteration = 0
-        self.pending_bytes = [0] * self.shape[1]  # each head's pickled new subtrees, as its last report said
         self.procs: list = []
         self.conns: list[Connection] = []
 
     def start(self) -> None:
         """Starts every worker and waits until each has mapped its rows."""
-        job, directory, context = self.job, self.directory, self.context
-        d, m = self.shape
-        peer_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.cells}
-        column_ends: dict[tuple[int, int], dict[int, Connection]] = {(s.replica, s.shard): {} for s in self.cells}
-        for r in range(d):
-            for i in range(m):
-                for j in range(i + 1, m):
-                    a, b = context.Pipe(duplex=True)
-                    peer_ends[(r, i)][j] = a
-                    peer_ends[(r, j)][i] = b
-        for s in range(m):
-            for receiver, sender in (pair for pairs in tree_rounds(d) for pair in pairs):
-                a, b = context.Pipe(duplex=True)
-                column_ends[(receiver, s)][sender] = a
-                column_ends[(sender, s)][receiver] = b
+        job, d = self.job, self.shape[0]
+        ends: dict[tuple[int, int], dict[tuple[int, int], Connection]] = {(s.replica, s.shard): {} for s in self.cells}
+        for spec in self.cells:
+            me = (spec.replica, spec.shard)
+            for target in Cell.targets(spec, d):
+                if me < target:
+                    ends[me][target], ends[target][me] = self.context.Pipe(duplex=True)
         child_ends = []
         with environment(thread_env(self.blas_threads)), _main_hidden(job.model):
             for spec in self.cells:
-                parent, child = context.Pipe(duplex=True)
+                parent, child = self.context.Pipe(duplex=True)
                 cell = (spec.replica, spec.shard)
-                p = context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
-                                    args=(spec, d, directory, spec.view.model_for(spec.shard, job.model), child,
-                                          peer_ends[cell], column_ends[cell], job.regularization,
-                                          self.blas_threads))
+                p = self.context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
+                                         args=(spec, d, self.directory, spec.view.model_for(spec.shard, job.model),
+                                               child, ends[cell], job.regularization, self.blas_threads))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)
                 child_ends.append(child)
         for c in child_ends:
             c.close()
-        for ends in (*peer_ends.values(), *column_ends.values()):
-            for c in ends.values():
+        for links in ends.values():
+            for c in links.values():
                 c.close()
-        self._collect("while starting", self.startup_timeout_s)
+        self.collect(dict.fromkeys(range(len(self.cells))), "while starting", self.startup_timeout_s)
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def _who(self, i: int) -> str:
+    def who(self, i: int) -> str:
         s = self.cells[i]
         return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, pid {self.procs[i].pid})"
 
-    def _died(self, i: int, when: str) -> FitError:
+    def ended(self, i: int) -> str:
         p = self.procs[i]
         p.join(1.0)
         code = p.exitcode
         if code is None:
-            how = "stopped answering"
-        elif code < 0:
-            how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with code {code}"
-        return FitError(f"{self._who(i)} {how} {when}")
+            return "stopped answering"
+        return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
-    def _waiting(self, pending: set[int]) -> set[int]:
-        """Of the ``pending`` workers, those that may only be waiting for their column: a
-        worker reports after the partial sums of its subtree of the column's reduce
-        (:func:`executors.mstep.tree_rounds`), so one with a pending worker below it waits."""
+    def call(self, i: int, method: str, *args) -> None:
+        marked, bodies = split_raw(args)
+        try:
+            self.conns[i].send((method, marked))
+            for body in bodies:
+                self.conns[i].send_bytes(body)
+        except OSError:
+            pass  # the worker is gone: the next answers awaited name it (its sentinel)
+
+    def poll(self, calls: dict[int, object], wait_s: float, when: str) -> list[tuple[int, object]]:
+        conns = {self.conns[i]: i for i in calls}
+        sentinels = {self.procs[i].sentinel: i for i in calls}
+        ready = wait([*conns, *sentinels], wait_s)
+        out: dict[int, object] = {}
+        for obj in ready:
+            i = conns.get(obj)
+            if i is not None:
+                try:
+                    kind, body = obj.recv()
+                except (EOFError, OSError):
+                    out[i] = Died(self.ended(i))
+                    continue
+                out[i] = Failed(*body) if kind == "error" else Lost(body) if kind == "lost" else body
+        for obj in ready:
+            i = sentinels.get(obj)
+            if i is not None and i not in out and not self.conns[i].poll():
+                out[i] = Died(self.ended(i))
+        return list(out.items())
+
+    def waits(self, cells: list[int]) -> dict[int, str]:
+        """Of the ``cells`` late, those that may only be waiting for their column: a cell
+        reports after the partial sums of its subtree of the column's reduce
+        (:func:`executors.mstep.tree_rounds`), so one with a late cell below it waits."""
         d, m = self.shape
         below = {r: set(tree_role(r, d)[0]) for r in range(d)}
         changed = True
@@ -371,116 +267,18 @@ class ProcessGrid:
                 if deeper:
                     below[r] |= deeper
                     changed = True
-        return {i for i in pending if any(r * m + i % m in pending for r in below[i // m])}
-
-    def _send(self, i: int, message, payload: bytes | None = None, when: str = "") -> None:
-        try:
-            self.conns[i].send(message)
-            if payload is not None:
-                self.conns[i].send_bytes(payload)
-        except OSError:
-            raise self._died(i, when) from None
-
-    def _collect(self, when: str, timeout_s: float | None, only: list[int] | None = None) -> list:
-        """One message from every worker (or those in ``only``); raises FitError on an error
-        report, a death or a timeout.
-
-        A worker's error report or death is the cause and is raised at once. A worker that
-        reports it lost a peer only points at the cause: the parent keeps listening a few
-        seconds for the peer's own report or death, and names the peer either way.
-        """
-        out: list = [None] * len(self.conns)
-        pending = {self.conns[i]: i for i in (range(len(self.conns)) if only is None else only)}
-        sentinels = {self.procs[i].sentinel: i for i in pending.values()}
-        deadline = None if timeout_s is None else perf_counter() + timeout_s
-        lost: list[tuple[int, int]] = []  # (worker that reported, peer it lost)
-        lost_at = 0.0  # when the first "lost" report arrived
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - perf_counter())
-            if lost:
-                grace = max(0.0, lost_at + _CAUSE_GRACE_S - perf_counter())
-                left = grace if left is None else min(left, grace)
-            ready = wait(list(pending) + [s for s, i in sentinels.items() if self.conns[i] in pending], left)
-            if not ready:
-                if lost:
-                    i, j = lost[0]
-                    err = self._died(j, when)
-                    err.add_note(f"{self._who(i)} lost its pipe to it")
-                    raise err
-                late = set(pending.values())
-                late -= self._waiting(late)
-                names = ", ".join(self._who(i) for i in sorted(late))
-                raise FitError(f"no answer within {timeout_s:g} s {when} from {names}")
-            for obj in ready:
-                if obj in pending:
-                    i = pending[obj]
-                    try:
-                        kind, body = obj.recv()
-                        if kind == "error":
-                            summary, trace = body
-                            err = FitError(f"{self._who(i)} failed {when}: {summary}")
-                            err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
-                            raise err
-                        if kind == "lost":
-                            if not lost:
-                                lost_at = perf_counter()
-                            lost.append((i, body))
-                        else:
-                            out[i] = (body, obj.recv_bytes()) if kind in ("head", "bytes") else body
-                    except (EOFError, OSError):
-                        raise self._died(i, when) from None
-                    del pending[obj]
-            for obj in ready:
-                i = sentinels.get(obj)
-                if i is not None and self.conns[i] in pending and not self.conns[i].poll():
-                    raise self._died(i, when)
-        if lost:  # every worker answered, some only that a peer was gone: the peer's end
-            i, j = lost[0]
-            raise self._died(j, when)
+        late = set(cells)
+        out = {}
+        for i in cells:
+            waited = sorted(r for r in below[i // m] if r * m + i % m in late)
+            if waited:
+                out[i] = f"waits for the partial sums of its column's replica(s) {waited}"
         return out
-
-    def broadcast(self, model: Node, payloads: list[bytes]) -> None:
-        for i, spec in enumerate(self.cells):
-            self._send(i, ("part", None), payloads[spec.shard], f"before iteration {self.iteration + 1}")
-
-    def e_step(self, iteration: int) -> GridOutcome:
-        t0 = perf_counter()
-        self.iteration = iteration
-        when = f"in iteration {iteration}"
-        for i in range(len(self.cells)):
-            self._send(i, ("step", iteration), when=when)
-        got = self._collect(when, self.timeout_s)
-        m = self.shape[1]
-        shares, columns, reduce_bytes = [], [], 0
-        peaks, baselines = {}, {}
-        for i, body in enumerate(got):
-            if i < m:  # a head: its ShareReport and pending subtrees' size, and its pickled ColumnReport
-                (report, self.pending_bytes[i]), payload = body
-                column = pickle.loads(payload)
-                columns.append(column)
-                reduce_bytes += len(payload)
-            else:  # a sender of a partial sum: its ShareReport counts what it sent
-                report = body
-                reduce_bytes += report.stats_bytes
-            shares.append(report)
-            peaks[report.worker], baselines[report.worker] = report.peak_bytes, report.baseline_bytes
-        phases = critical_path(shares, perf_counter() - t0 - max(c.mstep_s for c in columns))
-        return GridOutcome(columns=columns, **phases, coupling_bytes=sum(s.coupling_bytes for s in shares),
-                           reduce_bytes=reduce_bytes, peak_bytes=peaks, baseline_bytes=baselines)
-
-    def update(self, skeleton: Node, payload: bytes) -> int:
-        when = f"after iteration {self.iteration}"
-        for i in range(len(self.cells)):
-            self._send(i, ("update", None), payload, when)
-        return update_bytes(self.view, self.shape[0], len(payload), self.pending_bytes)
 
     def fetch(self, shard: int) -> dict[str, Node]:
         if not self.procs or self.conns[shard].closed:
             raise FitError("the fit's workers have stopped: its shards can no longer be fetched")
-        when = f"while sending shard {shard}'s subtrees after iteration {self.iteration}"
-        self._send(shard, ("fetch", None), when=when)
-        _, payload = self._collect(when, self.timeout_s, only=[shard])[shard]
-        return pickle.loads(payload)
+        return super().fetch(shard)
 
     def close(self, failed: bool = False) -> None:
         """Stops every worker: asks them to stop (up to 5 s in all), then terminates and kills.
@@ -528,16 +326,14 @@ def _terminate_unwinds():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-class MultiprocessingExecutor(BaseExecutor):
+class MultiprocessingExecutor(GridExecutor):
     """Worker processes on this machine, one per grid cell.
 
     ``start_method``: ``"spawn"`` or ``"forkserver"`` (a forked numpy with BLAS threads is not
     safe); either way the workers do not import the caller's script, which needs no
-    ``if __name__ == "__main__":`` guard (see the module). ``blas_threads``: BLAS and OpenMP
-    threads per worker, and in the parent while the fit runs (default 1; ``None`` leaves them
-    as the environment sets them). ``timeout_s``: the longest a worker may take for one iteration before the fit
-    stops (``None``: no limit; deaths are noticed regardless). ``startup_timeout_s``: the
-    longest a worker may take to start and map its rows.
+    ``if __name__ == "__main__":`` guard (see the module). ``tmp_dir``: where the rows of data
+    held in memory are written for the workers. ``timeout_s``, ``startup_timeout_s``,
+    ``blas_threads``: as every grid executor's (:class:`executors.cellgrid.GridExecutor`).
     """
 
     name: ClassVar[str] = "multiprocessing"
@@ -547,19 +343,13 @@ class MultiprocessingExecutor(BaseExecutor):
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
         if start_method not in ("spawn", "forkserver"):
             raise ConfigError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ConfigError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
+        super().__init__(timeout_s, startup_timeout_s, blas_threads)
         self.start_method = start_method
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
         self.tmp_dir = tmp_dir
-        self.blas_threads = check_blas_threads(blas_threads)
-        #: pids of the running workers (grid order), while a fit runs.
-        self.worker_pids: list[int] = []
 
     def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads), _terminate_unwinds():
-            return self._run(job)
+        with _terminate_unwinds():
+            return super().run(job)
 
     def _run(self, job: FitJob) -> FitResult:
         scratch = None
@@ -573,13 +363,10 @@ class MultiprocessingExecutor(BaseExecutor):
                 directory = str(NpyDataset.write(job.data, scratch.path).directory)
             grid = ProcessGrid(job, directory, mp.get_context(self.start_method), self.timeout_s,
                                self.startup_timeout_s, self.blas_threads)
-            grid.start()
-            self.worker_pids = grid.pids
-            result = run_em(grid, job, self.name)
+            result = self.fit_on(grid, job)
             failed = False
             return result
         finally:
-            self.worker_pids = []
             if grid is not None:
                 grid.close(failed)
             if scratch is not None:

@@ -8,6 +8,7 @@ from typing import ClassVar, Protocol, Union, runtime_checkable
 
 from emgrid.models import Node, take_rows
 from emgrid.models.data import Data
+from emgrid.models.errors import ConfigError
 from emgrid.models.regularize import Regularization
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
@@ -103,3 +104,11 @@ class BaseExecutor:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def check_timeouts(timeout_s, startup_timeout_s) -> None:
+    """ConfigError unless ``timeout_s`` is None or > 0 and ``startup_timeout_s`` > 0."""
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ConfigError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
+    if not (isinstance(startup_timeout_s, (int, float)) and startup_timeout_s > 0):
+        raise ConfigError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")

@@ -7,7 +7,7 @@ How bytes move:
   replica's rows, only its shard's columns, as an argument of its constructor (Ray puts them
   in its object store once; data in memory).
 - **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, put in the object store once per shard; :meth:`executors.actors.Cell.load`);
+  (pickled, put in the object store once per shard; :meth:`executors.cell.Cell.load`);
   per iteration, the coordinator's new skeleton (the spanning nodes) goes to every cell and
   each column's head pushes its shard's new subtrees to the other cells of its column.
 - **Statistics**, every iteration: the cells of each shard's column sum them by a tree
@@ -17,7 +17,7 @@ How bytes move:
   :class:`executors.step.ShareReport`.
 - **Coupling**, per block: each cell calls ``deliver.remote`` on the actors of the other
   shards of its replica (actor to actor, the coordinator not involved) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.actors`). A cell is
+  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`). A cell is
   a threaded actor, so deliveries run while its step waits.
 
 Cells are placed on the nodes the plan names when it was made for this cluster
@@ -45,25 +45,20 @@ from __future__ import annotations
 import logging
 import math
 import re
-from time import perf_counter
 from typing import ClassVar
 
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, ray_slots
 
-from .actors import Cell, check_timeouts, describe_error, forwarded_env, import_extra, no_answer, outcome, shipped_rows
+from .actors import forwarded_env, import_extra, shipped_rows
+from .cell import Cell
+from .cellgrid import CellGrid, Died, Failed, GridExecutor, describe_error
 from .datafiles import NpyDataset
-from .loop import GridOutcome, run_em
-from .mstep import update_bytes
-from .protocol import BaseExecutor, FitJob
+from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
-from .step import grid_layout
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
+from .threads import DEFAULT_BLAS_THREADS
 
-#: Longest wait (seconds) for every pending answer before the answers in are read (a cell's
-#: error or death among them is named at most this late).
-_POLL_S = 0.5
 #: Threads of a cell's actor: its step, and the deliveries and the abort that reach it meanwhile.
 _CONCURRENCY = 4
 
@@ -110,47 +105,15 @@ def start_local(num_cpus: int | None) -> Scratch:
     return scratch
 
 
-class RayCell:
-    """The Ray actor of one cell (:class:`executors.actors.Cell`), made remote when a fit
+class RayCell(Cell):
+    """The Ray actor of one cell (:class:`executors.cell.Cell`), made remote when a fit
     starts; a threaded actor, so deliveries and the abort run while a call waits."""
-
-    def __init__(self, spec, model, directory, rows, blas_threads, env):
-        self.cell = Cell(spec, model, directory, rows, blas_threads, env)
-        self.peers: dict = {}
-
-    def info(self) -> dict:
-        return self.cell.info()
 
     def connect(self, peers: dict, replicas: int) -> None:
         """``peers``: ``(replica, shard)`` -> the actor handle of every cell this one sends
         to (:meth:`Cell.targets`)."""
-        self.peers = peers
-
-        def send(target, key, message):
-            self.peers[target].deliver.remote(key, message)
-
-        self.cell.connect(send, replicas)
-
-    def deliver(self, key, message) -> None:
-        self.cell.deliver(key, message)
-
-    def load(self, payload: bytes, regularization) -> None:
-        self.cell.load(payload, regularization)
-
-    def step(self, iteration: int):
-        return self.cell.run(iteration)
-
-    def update(self, iteration: int, skeleton: bytes) -> int:
-        return self.cell.update(iteration, skeleton)
-
-    def fetch(self) -> dict:
-        return self.cell.owned()
-
-    def waits_for(self) -> str:
-        return self.cell.waits_for()
-
-    def abort(self) -> None:
-        self.cell.abort()
+        super().connect(lambda target, key, payload, extra: peers[target].deliver.remote(key, payload, extra),
+                        replicas)
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -164,22 +127,19 @@ def _last_exception_line(report: str) -> str:
     return lines[-1] if lines else "its actor's constructor raised"
 
 
-class RayGrid:
+class RayGrid(CellGrid):
     """The coordinator's side: one actor per cell, in the Ray cluster this process is connected to."""
 
     def __init__(self, job: FitJob, directory: str | None, timeout_s: float | None, startup_timeout_s: float,
                  blas_threads: int | None, num_cpus: float | None):
-        self.job, self.directory = job, directory
-        self.timeout_s, self.startup_timeout_s, self.blas_threads = timeout_s, startup_timeout_s, blas_threads
-        self.num_cpus = num_cpus
-        self.layout = grid_layout(job.model, job.plan)
-        self.cells = [spec for row in self.layout for spec in row]
-        self.shape = (job.plan.data_parallel, job.plan.model_parallel)
-        self.iteration = 0
+        super().__init__(job, timeout_s, startup_timeout_s)
+        self.directory, self.blas_threads, self.num_cpus = directory, blas_threads, num_cpus
         self.actors: list = []
         self.infos: list[dict] = [{} for _ in self.cells]
+        self._round: dict = {}  # the calls of the round being collected
+        self._pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
 
-    def _who(self, i: int) -> str:
+    def who(self, i: int) -> str:
         s = self.cells[i]
         info = self.infos[i]
         at = f", pid {info['pid']} on {info['host']}" if info else ""
@@ -214,97 +174,63 @@ class RayGrid:
             rows = None if data is None else shipped_rows(spec, part, data)
             self.actors.append(remote.options(**options).remote(spec, part, self.directory, rows, self.blas_threads,
                                                                  env))
-        self.infos = self._call_all([a.info.remote() for a in self.actors], "while starting", self.startup_timeout_s)
+        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
         d, m = self.shape
-        self._call_all([a.connect.remote({t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
-                        for a, s in zip(self.actors, self.cells)], "while starting", self.startup_timeout_s)
+        self.collect({i: self.call(i, "connect", {t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
+                      for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
 
     @property
     def pids(self) -> list[int]:
         return [info.get("pid") for info in self.infos]
 
-    def broadcast(self, model, payloads) -> None:
-        """Shard by shard, each shard's pickle put in the object store once, so that this
-        process holds one at a time."""
-        ray = _import_ray()
-        reg, m = self.job.regularization, self.shape[1]
-        for shard in range(m):
-            ref = ray.put(payloads[shard])
-            cells = list(range(shard, len(self.cells), m))
-            self._call_all([self.actors[i].load.remote(ref, reg) for i in cells],
-                           f"while receiving the model for iteration {self.iteration + 1}", self.timeout_s, cells=cells)
-            del ref
+    def shared(self, payload):
+        """Put in the object store once, for every cell it goes to."""
+        return _import_ray().put(payload)
 
-    def e_step(self, iteration: int) -> GridOutcome:
-        self.iteration = iteration
-        t0 = perf_counter()
-        got = self._call_all([a.step.remote(iteration) for a in self.actors], f"in iteration {iteration}",
-                             self.timeout_s)
-        return outcome(got, self.shape, perf_counter() - t0)
+    def call(self, i: int, method: str, *args):
+        return getattr(self.actors[i], method).remote(*args)
 
-    def update(self, skeleton, payload: bytes) -> int:
-        ray = _import_ray()
-        it, ref = self.iteration, ray.put(payload)
-        pushed = self._call_all([a.update.remote(it, ref) for a in self.actors], f"in the update after iteration {it}",
-                                self.timeout_s)
-        return update_bytes(self.layout[0][0].view, self.shape[0], len(payload), pushed[:self.shape[1]])
+    def collect(self, calls: dict, when: str, timeout_s: float | None) -> list:
+        self._round, self._pings = calls, {}
+        try:
+            return super().collect(calls, when, timeout_s)
+        finally:
+            self._round = {}
 
-    def fetch(self, shard: int) -> dict:
-        (owned,) = self._call_all([self.actors[shard].fetch.remote()], f"sending shard {shard}'s subtrees after "
-                                  f"iteration {self.iteration}", self.timeout_s, cells=[shard])
-        return owned
-
-    def _call_all(self, refs: list, when: str, timeout_s: float | None, cells: list[int] | None = None) -> list:
-        """Every cell's answer (grid order, or the order of ``cells``, the cells called);
-        FitError naming the cell on an error, a death or a timeout."""
+    def poll(self, calls: dict, wait_s: float, when: str) -> list:
         ray = _import_ray()
         from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-        cells = list(range(len(refs))) if cells is None else cells
-        index = {ref: i for i, ref in enumerate(refs)}
-        out: list = [None] * len(refs)
-        pending = list(refs)
-        deadline = None if timeout_s is None else perf_counter() + timeout_s
-        pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
-        while pending:
-            left = None if deadline is None else deadline - perf_counter()
-            if left is not None and left <= 0:
-                stuck = sorted(cells[index[r]] for r in pending)
-                raise no_answer(self._who, self.cells, stuck, self._waits(stuck), timeout_s, when)
-            ready, pending = ray.wait(pending, num_returns=len(pending),
-                                      timeout=_POLL_S if left is None else min(left, _POLL_S))
-            if pending and not ready and len(pending) < len(refs):
-                self._ping(pings, [cells[i] for i, r in enumerate(refs) if r not in pending], when)
-            for ref in ready:
-                i = index[ref]
-                who = self._who(cells[i])
-                try:
-                    out[i] = ray.get(ref)
-                except RayActorError as e:
-                    report = getattr(e, "error_msg", None) or str(e)
-                    if "creation task" in report:  # its constructor raised: opening its rows, say
-                        err = FitError(f"{who} failed {when}: {_last_exception_line(report)}")
-                    else:
-                        err = FitError(f"{who} died {when} (Ray: {type(e).__name__})")
-                    err.add_note(f"Ray's report:\n{report.rstrip()}")
-                    raise err from None
-                except (RayTaskError, GetTimeoutError, RayError) as e:
-                    summary, trace = describe_error(_cause(e))
-                    err = FitError(f"{who} failed {when}: {summary}")
-                    err.add_note(f"the worker's traceback:\n{str(e).rstrip()}")
-                    raise err from None
+        index = {ref: i for i, ref in calls.items()}
+        ready, pending = ray.wait(list(index), num_returns=len(index), timeout=wait_s)
+        if pending and not ready and len(pending) < len(self._round):
+            self._ping([i for i in self._round if i not in calls], when)
+        out = []
+        for ref in ready:
+            i = index[ref]
+            try:
+                out.append((i, ray.get(ref)))
+            except RayActorError as e:
+                report = getattr(e, "error_msg", None) or str(e)
+                if "creation task" in report:  # its constructor raised: opening its rows, say
+                    out.append((i, Failed(_last_exception_line(report), f"Ray's report:\n{report}")))
+                else:
+                    out.append((i, Died("died", f"Ray: {type(e).__name__}", f"Ray's report:\n{report.rstrip()}")))
+            except (RayTaskError, GetTimeoutError, RayError) as e:
+                summary, _ = describe_error(_cause(e))
+                out.append((i, Failed(summary, str(e))))
         return out
 
-    def _ping(self, pings: dict, answered: list[int], when: str) -> None:
+    def _ping(self, answered: list[int], when: str) -> None:
         """Names a cell of ``answered`` (they answered this round's call) whose actor died
         since: the others may wait for a message it was to push (a partial sum of its column,
-        say), and Ray tells of a dead actor only to its callers. ``pings``: cell -> its ping
-        in flight, kept between calls; one new ping per cell once the last came back."""
+        say), and Ray tells of a dead actor only to its callers. One new ping per cell once
+        the last came back."""
         ray = _import_ray()
         from ray.exceptions import RayActorError
 
         for i in answered:
-            ref = pings.get(i)
+            ref = self._pings.get(i)
             if ref is not None:
                 done, _ = ray.wait([ref], timeout=0)
                 if not done:
@@ -312,14 +238,14 @@ class RayGrid:
                 try:
                     ray.get(ref)
                 except RayActorError as e:
-                    err = FitError(f"{self._who(i)} died {when} (Ray: {type(e).__name__})")
+                    err = FitError(f"{self.who(i)} died {when} (Ray: {type(e).__name__})")
                     err.add_note(f"Ray's report:\n{(getattr(e, 'error_msg', None) or str(e)).rstrip()}")
                     raise err from None
                 except Exception:  # noqa: BLE001 - not a death: the cell's own calls name its errors
                     pass
-            pings[i] = self.actors[i].info.remote()
+            self._pings[i] = self.actors[i].info.remote()
 
-    def _waits(self, cells: list[int]) -> dict[int, str]:
+    def waits(self, cells: list[int]) -> dict[int, str]:
         """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
         ray = _import_ray()
         if not self.actors:
@@ -345,14 +271,15 @@ class RayGrid:
         self.actors = []
 
 
-class RayExecutor(BaseExecutor):
+class RayExecutor(GridExecutor):
     """Ray actors, one per grid cell.
 
     ``address``: the Ray cluster to connect to (``"auto"``, ``"ray://host:10001"``, ...); when
     this process is already connected (``ray.init`` was called), that cluster is used and left
     connected. ``None`` and no Ray here: a local Ray instance is started for the run
     (``num_cpus`` CPUs, default this machine's) and shut down after. ``timeout_s``,
-    ``startup_timeout_s`` and ``blas_threads`` as the Dask executor's. ``cell_cpus``: CPUs each
+    ``startup_timeout_s`` and ``blas_threads`` as every grid executor's
+    (:class:`executors.cellgrid.GridExecutor`). ``cell_cpus``: CPUs each
     cell's actor asks for (default: 1, or an equal share when the grid has more cells than
     the cluster has CPUs).
     """
@@ -363,15 +290,10 @@ class RayExecutor(BaseExecutor):
                  num_cpus: int | None = None, cell_cpus: float | None = None,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
         _import_ray()
-        check_timeouts(timeout_s, startup_timeout_s)
+        super().__init__(timeout_s, startup_timeout_s, blas_threads)
         self.address = address
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
         self.num_cpus = num_cpus
         self.cell_cpus = cell_cpus
-        self.blas_threads = check_blas_threads(blas_threads)
-        #: pids of the cells (grid order), while a fit runs.
-        self.worker_pids: list[int] = []
         self._scratch: Scratch | None = None
 
     def _connect(self) -> bool:
@@ -407,27 +329,18 @@ class RayExecutor(BaseExecutor):
             if opened:
                 self._disconnect()
 
-    def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            return self._run(job)
-
     def _run(self, job: FitJob) -> FitResult:
         opened = self._connect()
-        grid = None
         try:
             directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
             grid = RayGrid(job, directory, self.timeout_s, self.startup_timeout_s, self.blas_threads, self.cell_cpus)
-            grid.start()
-            self.worker_pids = grid.pids
-            return run_em(grid, job, self.name)
-        finally:
-            self.worker_pids = []
             try:
-                if grid is not None:
-                    grid.close()
+                return self.fit_on(grid, job)
             finally:
-                if opened:
-                    self._disconnect()
+                grid.close()
+        finally:
+            if opened:
+                self._disconnect()
 
     def __repr__(self) -> str:
         return (f"RayExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "

@@ -95,7 +95,7 @@ needs_mpiexec = pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec")
 # second shard as the planner prefers (the network makes them cost nearly the same)
 MPI_CONFIG = (CONFIG.replace('kind = "multiprocessing"', 'kind = "mpi"')
               .replace("workers = 2", "workers = 2\nlatency_s = 1e-9\nbytes_per_s = 1e12"))
-W1 = r"rank 1 \(worker 'w1', replica (?:1, shard 0|0, shard 1)\)"
+W1 = r"worker 'w1' \(replica (?:1, shard 0|0, shard 1), rank 1(?:, pid \d+)?\)"
 
 
 @needs_mpiexec
@@ -168,12 +168,12 @@ sys.exit({status})
     ({"exit": "3"}, 3, 3, None),  # rank 0 reported a failure and said so itself
     ({}, 0, 0, None),
     # rank 0 hung and was named by rank 1, which aborted the job
-    ({"progress": "1", "error.1": "no answer within 5 s in iteration 2 from rank 0 (worker 'w0')"}, 3, 3,
-     r"emgrid: fit failed: no answer within 5 s in iteration 2 from rank 0 \(worker 'w0'\); "
+    ({"progress": "1", "error.1": "no answer within 5 s in iteration 2 from worker 'w0' (rank 0)"}, 3, 3,
+     r"emgrid: fit failed: no answer within 5 s in iteration 2 from worker 'w0' \(rank 0\); "
      r"the checkpoint of iteration 1 is in .*: continue with --resume$"),
     # the stand-in is "rank 0" and dies: the parent watched its pid
     ({"pid.0": "PID", "progress": "2"}, 9, 3,
-     r"emgrid: fit failed: rank 0 \(worker 'w0', replica 0, shard 0\) died in iteration 3 "
+     r"emgrid: fit failed: worker 'w0' \(replica 0, shard 0, rank 0\) died in iteration 3 "
      r"\(killed, or exited without reporting\); mpiexec ended the job with status 9; the checkpoint of iteration 1"),
     ({}, 13, 3, r"emgrid: fit failed: an MPI rank died before the fit started .* with status 13; the checkpoint"),
 ], ids=["reported", "reported-failure", "clean", "judged-by-rank-1", "died", "died-unwatched"])

@@ -129,7 +129,7 @@ def test_a_fault_for_a_later_iteration_leaves_earlier_ones_alone(blocky, monkeyp
 # ---------------------------------------------------------------- MPI
 def test_an_mpi_rank_raising_on_comm_self_raises_fit_error_naming_it(blocky, monkeypatch):
     mpi = pytest.importorskip("mpi4py.MPI")
-    with pytest.raises(FitError, match=r"^rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 2: "
+    with pytest.raises(FitError, match=r"^worker 'w0' \(replica 0, shard 0, rank 0, pid \d+\) failed in iteration 2: "
                                        r".*InjectedFault"):
         fit(blocky, "raise:worker=w0:iteration=2:block=1", monkeypatch, grid=(1, 1),
             executor=get("mpi", comm=mpi.COMM_SELF))
@@ -155,7 +155,7 @@ def test_the_timed_mpi_transport_on_comm_self_gives_the_local_trace_and_names_a_
                          tol=0.0)
     local = optimize(data, model, plan=plan, max_iter=3, tol=0.0)
     assert timed.log_likelihood == local.log_likelihood
-    with pytest.raises(FitError, match=r"^rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 2: "
+    with pytest.raises(FitError, match=r"^worker 'w0' \(replica 0, shard 0, rank 0, pid \d+\) failed in iteration 2: "
                                        r".*InjectedFault"):
         fit(blocky, "raise:worker=w0:iteration=2:block=1", monkeypatch, grid=(1, 1),
             executor=get("mpi", comm=mpi.COMM_SELF, timeout_s=30.0))
@@ -225,9 +225,9 @@ def fit_errors(proc) -> dict[int, str]:
 @needs_mpiexec
 @pytest.mark.parametrize("fault,grid,expected", [
     ("raise:worker=w1:iteration=2:block=1", (1, 2),
-     r"rank 1 \(worker 'w1', replica 0, shard 1\) failed in iteration 2: .*InjectedFault"),
+     r"worker 'w1' \(replica 0, shard 1, rank 1, pid \d+\) failed in iteration 2: .*InjectedFault"),
     ("raise:worker=w0:iteration=3", (2, 1),
-     r"rank 0 \(worker 'w0', replica 0, shard 0\) failed in iteration 3: .*InjectedFault"),
+     r"worker 'w0' \(replica 0, shard 0, rank 0, pid \d+\) failed in iteration 3: .*InjectedFault"),
     ("nan:worker=w1:iteration=2:node=1", (2, 1),
      r"iteration 2: the statistics of node '1' \(Poisson\) are not finite"),
 ], ids=["raise-mid-exchange", "raise-on-the-coordinator", "nan"])
@@ -263,12 +263,12 @@ def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
 @needs_mpiexec
 @pytest.mark.parametrize("fault,grid,timeout_s,judge,expected", [
     ("hang:worker=w1:iteration=2:seconds=600", (2, 1), 2.0, 0,
-     r"no answer within 2 s in iteration 2 from rank 1 \(worker 'w1', replica 1, shard 0, pid (\d+)\)$"),
+     r"no answer within 2 s in iteration 2 from worker 'w1' \(replica 1, shard 0, rank 1, pid (\d+)\)$"),
     ("hang:worker=w1:iteration=2:block=1:seconds=600", (1, 2), 2.0, 0,
-     r"no answer within 2 s in iteration 2 from rank 1 \(worker 'w1', replica 0, shard 1, pid (\d+)\)$"),
+     r"no answer within 2 s in iteration 2 from worker 'w1' \(replica 0, shard 1, rank 1, pid (\d+)\)$"),
     # the coordinator is a worker too: the other ranks wait 2 * 1.5 + 2 s before they name it
     ("hang:worker=w0:iteration=3:seconds=600", (2, 1), 1.5, 1,
-     r"no answer within 5 s in iteration 3 from rank 0 \(worker 'w0', replica 0, shard 0, pid (\d+)\)$"),
+     r"no answer within 5 s in iteration 3 from worker 'w0' \(replica 0, shard 0, rank 0, pid (\d+)\)$"),
 ], ids=["worker", "worker-mid-exchange", "coordinator"])
 def test_a_hung_mpi_rank_hits_the_executor_timeout_and_the_job_is_aborted(fault, grid, timeout_s, judge, expected):
     from emgrid.executors.mpi import ABORT_STATUS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 
 import numpy as np
@@ -125,7 +126,11 @@ def test_a_hung_leaf_of_the_column_tree_is_named_not_the_workers_waiting_for_it(
     n = n_rows(model.prepare(data))
     monkeypatch.setenv(ENV, "hang:worker=w3:iteration=2:seconds=600")
     with pytest.raises(FitError, match=r"^no answer within 3 s in iteration 2 from worker 'w3' "
-                                       r"\(replica 3, shard 0, pid \d+\)$"):
+                                       r"\(replica 3, shard 0, pid \d+\)") as info:
         optimize(data, model, plan=grid_plan(model, n, 4, 1), executor=get("multiprocessing", timeout_s=3.0),
                  max_iter=4, tol=0.0)
+    assert "\n" not in str(info.value)  # the cells waiting for it are notes
+    waiting = [re.sub(r" \(replica \d, shard 0, pid \d+\)", "", note) for note in info.value.__notes__]
+    assert waiting == ["worker 'w0' waits for the partial sums of its column's replica(s) [2, 3]",
+                       "worker 'w2' waits for the partial sums of its column's replica(s) [3]"]
     assert not multiprocessing.active_children()
