@@ -9,10 +9,10 @@ it (a cell's message into its mailbox, a call into the queue of calls, an answer
 coordinator's answers), or raises what the coordinator says to every rank (a
 :class:`FitError`, a stop).
 
-Deadlines. Without ``timeout_s`` a wait blocks in ``MPI_Mprobe``. With it, a wait polls
-(without sleeping for its first 50 ms, as MPI's blocking calls do, then sleeping between
-polls), answers in its pauses what another rank asks it (what it waits for), and, once its
-deadline passed, judges: a rank other than the coordinator asks every rank, names those
+Deadlines. A wait polls (without sleeping for its first 50 ms, as MPI's blocking calls do,
+then sleeping between polls; a blocking ``MPI_Mprobe`` of MPICH cost a few milliseconds per
+message here) and answers in its pauses what another rank asks it (what it waits for). With
+``timeout_s``, once its deadline passed, a wait judges: a rank other than the coordinator asks every rank, names those
 that do not answer within a second (the coordinator first of all: it waits on while the
 coordinator answers), tells those that do, and aborts the job (``MPI_Abort`` with
 :data:`ABORT_STATUS`) when its process exits, after the caller has handled the error (a
@@ -44,6 +44,9 @@ HEAD, BODY = 1, 2
 #: polls), then sleeps between polls, from ``_NAP_MIN_S`` up to ``_NAP_MAX_S``: a short wait
 #: costs nothing, a long one at most 2% more, and leaves the core to the others.
 _SPIN_S, _NAP_MIN_S, _NAP_MAX_S = 0.05, 2e-5, 1e-3
+#: ... and for its first ``_BUSY_S`` it polls without yielding the core at all (a yield on a
+#: busy machine hands the core away for a time slice, many times a message's latency).
+_BUSY_S = 0.002
 #: How long a rank whose deadline passed waits for the others' answers.
 ANSWER_GRACE_S = 1.0
 #: Seconds a rank that aborts the job waits for its last output to be forwarded first.
@@ -162,15 +165,12 @@ class MpiLink:
     # ------------------------------------------------------------ receiving
     def pump(self, until: float | None = None) -> bool:
         """Files one message, waiting for it (until ``until``, when given: False if none came)."""
-        if self.timeout_s is None and until is None:
-            msg = self.data.Mprobe(self.MPI.ANY_SOURCE, HEAD, self.status)
-        else:
-            polls = 0
-            while (msg := self.data.Improbe(self.MPI.ANY_SOURCE, HEAD, self.status)) is None:
-                if until is not None and perf_counter() >= until:
-                    return False
-                polls += 1
-                self._idle(polls)
+        polls = 0
+        while (msg := self.data.Improbe(self.MPI.ANY_SOURCE, HEAD, self.status)) is None:
+            if until is not None and perf_counter() >= until:
+                return False
+            polls += 1
+            self._idle(polls)
         source = self.status.Get_source()
         header = pickle.loads(self._take(msg))
         *fields, n = header
@@ -254,6 +254,8 @@ class MpiLink:
         now = perf_counter()
         if polls == 1:
             self.waiting_since, self.nap = now, _NAP_MIN_S / 2
+        if now - self.waiting_since < _BUSY_S:
+            return  # a short wait keeps the core, as MPI's blocking calls do
         if now - self.waiting_since < _SPIN_S:
             os.sched_yield()
             return
