@@ -169,7 +169,7 @@ def model_structure(model: Node) -> list[str]:
         if fields:
             extra += f" fields={list(fields)}"
         values = getattr(node, "values", None)
-        if node.family == "Categorical" and values is not None:
+        if getattr(node, "value_coded", False) and values is not None:  # a value list a table fixed
             extra += f" values={len(values)}"
         out.append(f"{node.family}{extra} reading {node.data_type()} at {path or '<root>'}")
     return out

@@ -35,10 +35,9 @@ from time import perf_counter
 
 from emgrid.models import Node, ShardView, Stats
 from emgrid.models.diagnose import fit_warnings
-from emgrid.models.errors import ModelError
+from emgrid.models.estimate import estimate_releasing
 from emgrid.models.regularize import Regularization, regularize
 from emgrid.models.stats import StatsAccumulator
-from emgrid.models.tree import child_path
 
 from .step import PROTOCOL, sum_in_order
 
@@ -149,9 +148,9 @@ class ShardPart:
     part: Node
     regularization: Regularization | None = None
     #: whether this worker's part is its own (unpickled), so its M-step may take the old
-    #: subtrees apart as it goes (:func:`estimate_releasing`); False where the part shares
-    #: nodes with the caller's model (the local executor, the MPI coordinator): those are
-    #: never taken apart, the ones its own M-steps made are
+    #: subtrees apart as it goes (``models.estimate.estimate_releasing``); False where the
+    #: part shares nodes with the caller's model (the local executor, the MPI coordinator):
+    #: those are never taken apart, the ones its own M-steps made are
     private: bool = False
     pending: dict[str, Node] | None = field(default=None, repr=False)
     #: ids of nodes that are not this part's to take apart: the caller's, and every node
@@ -166,9 +165,10 @@ class ShardPart:
     def estimate(self, stats: Stats, loglik: float) -> ColumnReport:
         """The head's M-step: ``stats`` are its column's totals (pass the only reference:
         they are let go node by node). A private part's old subtrees are taken apart as the
-        new ones are built (:func:`estimate_releasing`), so the head holds one node twice at a
-        time, never its whole shard; the new subtrees are also kept pending for the column
-        until :meth:`apply`. Non-finite statistics are reported, not estimated."""
+        new ones are built (``models.estimate.estimate_releasing``: the M-step's one
+        recursion, releasing as it goes), so the head holds one node twice at a time, never
+        its whole shard; the new subtrees are also kept pending for the column until
+        :meth:`apply`. Non-finite statistics are reported, not estimated."""
         t0 = perf_counter()
         spanning = frozenset(self.view.spanning)
         split = Stats({p: v for p, v in stats.items() if p in spanning})
@@ -216,37 +216,6 @@ class ShardPart:
         roots = self.view.owned(self.shard, self.part)
         self.lent.update(id(n) for root, node in roots.items() for _, n in node.nodes(root))
         return roots
-
-
-def estimate_releasing(node: Node, stats: dict, path: str, uses: Counter | None = None) -> Node:
-    """``node.estimate(stats, path)``, letting each old node and its statistics go as soon
-    as its replacement exists: statistics are popped from ``stats``, and every old node is
-    emptied (:func:`_discard`) once its last place in the tree has its new one, so at any
-    time the tree is held about once and one node twice. ``node`` must be this process's
-    own, referenced from nowhere else (it is taken apart, itself included); the result
-    equals ``node.estimate`` to the last bit."""
-    if uses is None:  # how many places of the tree each node object stands at
-        uses = Counter(id(n) for _, n in node.nodes(path))
-    children = [estimate_releasing(c, stats, child_path(path, i), uses) for i, c in enumerate(node.children)]
-    if not node.has_own_stats:
-        new = node._estimate((), tuple(children))
-    elif path not in stats:
-        raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({node.family})")
-    else:
-        new = node._estimate(stats.pop(path), tuple(children))
-    if new is node:  # a node whose statistics weigh too little keeps itself: never empty it
-        uses[id(node)] = -1
-    elif uses[id(node)] > 0:
-        uses[id(node)] -= 1
-        if not uses[id(node)]:
-            _discard(node)
-    return new
-
-
-def _discard(node: Node) -> None:
-    """Drops what an old node holds (its arrays, its children): its replacement exists, and
-    the tuple of its parent that still names it goes when the parent is replaced."""
-    node.__dict__.clear()
 
 
 def split_m_step(skeleton: Node, split: Stats, regularization: Regularization | None) -> Node:

@@ -17,11 +17,13 @@ import numpy as np
 from . import engine
 from . import latent as latent_labels
 from .cost import BatchCost, NodeCost
-from .data import Data, Ragged, n_rows
+from .data import Data, n_rows
 from .errors import DataError, ModelError, SpecError
+from .estimate import estimate_tree
 from .schema import (Children, Field, Meta, Param, Size, arrays_kept, check_spec_size, spec_field, spec_list,
                      spec_repeat)
 from .stats import OwnStats, Stats
+from .support import Support
 from .tables import is_table, read_table
 from .answers import Answering
 from .template import Templated
@@ -52,7 +54,15 @@ class Node(Templated, Answering):
     ``describe() -> str``                         plans, errors                     a short name (default: family)
     ``child_rows(i) -> float``                    costs                             rows of child ``i`` per row (1)
     ``child_data_shares() -> ndarray``            costs (``shares_child_data``)     each child's share of the rows
+    ``_regularize(own, reg) -> own``              ``models.regularize``             pseudo-statistics added (none)
+    ``_fit_warnings(at, rows) -> list[str]``      ``models.diagnose``               lines about its fit (none)
+    ``rows_needed() -> int``                      ``models.init`` (k-means parts)   rows its M-step needs (1)
     ============================================  ================================  =================================
+
+    Everything a family changes lives in its class: the hooks above, and on :class:`Leaf`
+    its support, its table reading and its test oracle. Defining the class (with
+    ``family`` set) registers it in :data:`FAMILIES`, which specs, the facade
+    (``from emgrid import <family>``) and the test strategies read.
 
     The fields, their checks, ``params``, ``to_spec``, ``from_spec`` and ``n_parameters`` come
     from ``schema`` (see ``models.schema``). A parameter given as ``None`` is unset and the
@@ -208,17 +218,11 @@ class Node(Templated, Answering):
         return engine.accumulate(self, data, self.prepare_weights(weights, n_rows(data)))
 
     def estimate(self, stats: Stats, path: str = "") -> "Node":
-        """The M-step: a new node fitted to ``stats`` (as returned by ``accumulate``)."""
+        """The M-step: a new node fitted to ``stats`` (as returned by ``accumulate``), by the
+        one recursion of ``models.estimate``."""
         if not path:
             self.require_complete("estimate")
-        new_children = tuple(c.estimate(stats, child_path(path, i)) for i, c in enumerate(self.children))
-        if not self.has_own_stats:
-            return self._estimate((), new_children)
-        try:
-            own = stats[path]
-        except KeyError:
-            raise ModelError(f"statistics hold nothing for node {path or '<root>'!r} ({self.family})") from None
-        return self._estimate(own, new_children)
+        return estimate_tree(self, stats, path)
 
     def sample(self, n: int, rng: np.random.Generator | int | None = None, *, latent: bool = False):
         """``n`` rows drawn from the model, in the canonical encoding; with ``latent``,
@@ -375,6 +379,28 @@ class Node(Templated, Answering):
         children already fitted."""
         raise NotImplementedError
 
+    def _regularize(self, own: OwnStats, reg) -> OwnStats:
+        """``own`` with the pseudo-statistics of ``reg`` (a ``models.regularize.Regularization``:
+        ``reg_covar`` for a variance, ``pseudo_count`` for every count behind a probability)
+        that this family takes, or ``own`` itself when none applies (the default). Called on
+        the reduced statistics before the M-step, so every executor regularizes alike."""
+        return own
+
+    def _fit_warnings(self, at: str, rows) -> list[str]:
+        """Lines about what this fitted node says of its own fit (a collapsed component, a
+        variance held at its floor), each starting with ``at`` (e.g. ``"Mixture at path '0'"``);
+        none by default. ``rows`` is None, or a function that returns the prepared rows this
+        node was fitted to (its subtree's data), for a line that names the cause they show."""
+        return []
+
+    def rows_needed(self) -> int:
+        """Rows this node's first M-step needs to be well posed: initialization draws
+        k-means partitions again while a part holds fewer (``models.init``). 1 by default; a
+        variance needs 2 and a ``d x d`` covariance ``d + 1`` (fewer span no volume: the
+        start would be singular); a node whose children read its rows (a record, a mixture)
+        needs what its neediest child needs."""
+        return 1
+
 
 def _rebuild(cls, fields: dict) -> Node:
     # the arrays are the unpickled copies (or, from ``copy.deepcopy``, fresh ones) that
@@ -463,6 +489,21 @@ class Leaf(Node):
     are leaves of one class (``models.tree.batch_class``): a mixture's components, an HMM's
     emissions. The defaults run the per-leaf hooks one leaf at a time; a family overrides
     them with matrix forms that give the same numbers.
+
+    Every kernel above sees only rows inside the leaf's :attr:`support`: the engine applies
+    the support rule once for every family (``models.support``). More hooks of a leaf:
+
+    ===================================================  ==============================  ============================
+    hook                                                 called                          returns
+    ===================================================  ==============================  ============================
+    ``support`` (property)                               both passes, every block        ``Support`` or None (all)
+    ``value_coded`` (class attribute)                    ``models.tables``               reads through ``values``
+    ``_bind_values(values, column, at)``                 ``models.tables.bind``          the leaf bound to a column
+    ``_sizes_from_data(data, at)``                       ``init.complete_shapes``        sizes the data decide
+    ``strategy(st, like)`` (classmethod, tests)          ``tests/strategies.py``         a hypothesis strategy
+    ``oracle_log_density(x)`` (tests)                    ``tests/models/test_oracles``   an independent density
+    ``oracle_estimate(x, w)`` (tests)                    ``tests/models/test_oracles``   the weighted MLE's params
+    ===================================================  ==============================  ============================
     """
 
     #: ``batch_log_density`` adds the parent's per-child log offsets inside its own product
@@ -471,11 +512,61 @@ class Leaf(Node):
     #: None) do so; the others receive ``offsets=None`` and the parent adds them itself.
     batch_takes_offsets: ClassVar[bool] = False
 
+    #: whether its table column holds values of any type (strings, integers, booleans) that
+    #: its ``values`` field (a ``Meta``, in code order) encodes as the codes it reads: a
+    #: table's column is read through that list (``models.tables``, kind ``"cat"``), and a
+    #: fit from a table sets it from the column (:meth:`_bind_values`)
+    value_coded: ClassVar[bool] = False
+
+    @property
+    def support(self) -> Support | None:
+        """The values this leaf's density is positive on: an ``Interval`` (or any
+        ``models.support.Support``), or None for every value of its data type (the default).
+
+        A leaf receives rows outside it as rows of a mixture or an HMM whose other children
+        accept them (``models.columns.prepare_by_any``). The engine then gives those rows
+        log density -inf and weight 0 for this leaf, for every family alike
+        (``models.support``): the kernels below see only rows inside, each row outside
+        replaced by a value inside (with weight exactly 0)."""
+        return None
+
     def _log_density(self, data: Data) -> np.ndarray:
         raise NotImplementedError
 
     def _accumulate(self, data: Data, w: np.ndarray) -> OwnStats:
         raise NotImplementedError
+
+    def _bind_values(self, values: list, column: str, at: str) -> "Leaf":
+        """A ``value_coded`` leaf bound to a table column: ``values`` are the column's distinct
+        values in code order (``models.columns.value_list``); ``at`` names the leaf in errors."""
+        raise NotImplementedError
+
+    def _sizes_from_data(self, data: Data, at: str) -> dict[str, int]:
+        """The unset sizes that the data decide (its ``Size`` fields with ``from_data``), read
+        from its prepared column, which may be memory-mapped (read it in chunks); ``at``
+        names the leaf in errors. None by default (an empty dict)."""
+        return {}
+
+    # ---------------------------------------------------------------- test hooks
+    # What the tests read (tests/strategies.py, tests/models/test_oracles.py), beside the
+    # family so that adding a family needs nothing but its module.
+    @classmethod
+    def strategy(cls, st, like: "Leaf | None" = None):
+        """A hypothesis strategy of leaves of this family with valid, random parameters and
+        small sizes; with ``like``, of ``like``'s sizes (its dimension, its number of values).
+        ``st`` is ``hypothesis.strategies`` (so that this module never imports hypothesis)."""
+        raise NotImplementedError(f"{cls.family} defines no strategy(st, like) for the tests' strategies")
+
+    def oracle_log_density(self, x: Data) -> np.ndarray:
+        """An independent log density of every row (a closed form written plainly, for the
+        tests to compare the kernels with), -inf outside the support."""
+        raise NotImplementedError(f"{self.family} defines no oracle_log_density(x) for the oracle tests")
+
+    def oracle_estimate(self, x: Data, w: np.ndarray) -> dict[str, np.ndarray]:
+        """The weighted maximum-likelihood parameters of rows ``x`` (inside the support) under
+        row weights ``w``, by name as ``params()`` gives them, in a closed form written plainly
+        (what ``estimate(accumulate(x, w))`` must give where no floor binds)."""
+        raise NotImplementedError(f"{self.family} defines no oracle_estimate(x, w) for the oracle tests")
 
     @classmethod
     def batch_prepare(cls, leaves: tuple["Leaf", ...], data: Data):

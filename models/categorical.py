@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .base import Leaf
-from .columns import encode_values, int_column
+from .columns import column_max, encode_values, int_column
 from .cost import NodeCost, stat_bytes
 from .errors import DataError, ModelError
 from .floors import MIN_WEIGHT, PROB_FLOOR
 from .schema import SIMPLEX, Meta, Param, Size, frozen
+from .support import Interval
 from .units import SLOW_FLOPS
 
 
@@ -23,21 +26,11 @@ def floor_probs(p: np.ndarray, axis: int = -1, in_place: bool = False) -> np.nda
     return frozen(p)
 
 
-def _inside(x: np.ndarray, v: int) -> np.ndarray | None:
-    """Mask of values in ``0..v-1``, or None when every value is."""
-    if x.size == 0 or (x.min() >= 0 and x.max() < v):
-        return None
-    return (x >= 0) & (x < v)
-
-
-def _lookup(logp: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``logp[:, x]`` for a ``(K, V)`` table, -inf where ``x`` is outside ``0..V-1``."""
-    inside = _inside(x, logp.shape[1])
-    if inside is None:
-        return logp[:, x]
-    out = np.full((logp.shape[0], x.size), -np.inf)
-    out[:, inside] = logp[:, x[inside]]
-    return out
+@functools.lru_cache(maxsize=256)
+def codes(v: int | None) -> Interval:
+    """The codes ``0..v-1`` (``0..`` for None): one object per ``v``, so sibling leaves of one
+    size share their support (the engine checks a batch's rows once)."""
+    return Interval(0, np.inf if v is None else v - 1)
 
 
 def check_values(values, family: str = "Categorical") -> tuple | None:
@@ -68,6 +61,7 @@ class Categorical(Leaf):
     family = "Categorical"
     schema = (Size("n_values", of="probs", from_data=True), Param("probs", 1, SIMPLEX, shape=("n_values",)),
               Meta("values"))
+    value_coded = True
 
     def __init__(self, probs=None, *, n_values: int | None = None, values=None):
         """``Categorical(probs)``, or a template: ``Categorical(n_values=V)``, or
@@ -113,35 +107,49 @@ class Categorical(Leaf):
             raise DataError(f"{where}: Categorical value {int(bad)} is outside its support 0..{self.n_values - 1}")
         return x
 
-    # Values outside ``0..V-1`` reach these kernels only as rows of a mixture or an HMM
-    # whose other components accept them (see ``models.columns.prepare_by_any``): their log
-    # density is -inf and they add nothing to the counts.
+    @property
+    def support(self):
+        """The codes ``0..V-1`` (``0..`` while ``V`` is unset)."""
+        return codes(self.n_values)
+
     def _log_density(self, x):
-        return _lookup(self._logp[None, :], x)[0]
+        return self._logp[x]
 
     def _accumulate(self, x, w):
-        inside = _inside(x, self.n_values)
-        if inside is not None:
-            x, w = x[inside], w[inside]
         return (np.bincount(x, weights=w, minlength=self.n_values).astype(np.float64, copy=False),)
 
     @classmethod
     def batch_log_density(cls, leaves, x, work, offsets):
         """``(K, n)`` log densities gathered from each leaf's own table: stacking the tables
         first would hold a second copy of every one of them for each block."""
-        if len({c.n_values for c in leaves}) == 1:
-            inside = _inside(x, leaves[0].n_values)
-            if inside is None:
-                out = np.empty((len(leaves), x.size))
-                for k, c in enumerate(leaves):
-                    np.take(c._logp, x, out=out[k])
-                return out
-            out = np.full((len(leaves), x.size), -np.inf)
-            xs = x[inside]
-            for k, c in enumerate(leaves):
-                out[k, inside] = c._logp[xs]
-            return out
-        return super().batch_log_density(leaves, x, work, offsets)
+        out = np.empty((len(leaves), x.size))
+        for k, c in enumerate(leaves):
+            np.take(c._logp, x, out=out[k])
+        return out
+
+    def _bind_values(self, values, column, at):
+        """Bound to a column's distinct ``values``; a ``Categorical(n_values=V)`` (or a complete
+        one) whose column holds the codes ``0..V-1`` keeps them: its values are ``0..V-1``."""
+        v = self.n_values
+        if v is not None and all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a < v for a in values):
+            values = list(range(v))
+        elif v is not None and len(values) != v:
+            raise DataError(f"column {column!r} holds {len(values)} distinct value(s) but the {at} has n_values={v}")
+        return self.with_fields(values=values)
+
+    def _sizes_from_data(self, x, at):
+        """``n_values``: the largest value of its column plus one."""
+        if self.n_values is not None:
+            return {}
+        if len(x) == 0:
+            raise ModelError(f"{at} cannot take n_values from the data: its column is empty")
+        return {"n_values": column_max(x) + 1}
+
+    def _regularize(self, own, reg):
+        """``pseudo_count`` more of every value (the MAP under a symmetric Dirichlet prior)."""
+        if reg.pseudo_count > 0 and own[0].sum() >= MIN_WEIGHT:
+            return (own[0] + reg.pseudo_count,)
+        return own
 
     def _estimate(self, own, children):
         (counts,) = own
@@ -152,6 +160,24 @@ class Categorical(Leaf):
 
     def _sample(self, n, rng):
         return rng.choice(self.n_values, size=n, p=self.probs).astype(np.int64)
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """Over ``like``'s number of values (2..5 when None), every probability above about 0.01."""
+        sizes = st.just(like.n_values) if like is not None else st.integers(2, 5)
+        probs = st.floats(0.05, 1.0, allow_nan=False, allow_infinity=False)
+        return sizes.flatmap(lambda v: st.lists(probs, min_size=v, max_size=v).map(
+            lambda p: np.array(p) / np.sum(p)).map(Categorical))
+
+    def oracle_log_density(self, x):
+        x = np.asarray(x)
+        inside = (x >= 0) & (x < self.n_values)
+        with np.errstate(divide="ignore"):
+            return np.where(inside, np.log(self.probs[np.clip(x, 0, self.n_values - 1)]), -np.inf)
+
+    def oracle_estimate(self, x, w):
+        counts = np.array([w[x == k].sum() for k in range(self.n_values)])
+        return {"probs": counts / counts.sum()}
 
     def cost(self):
         v = self.n_values

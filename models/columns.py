@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 #: The largest magnitude a float datum may have: EM sums squares (and products of a vector's
 #: entries) over the rows, which stay finite for any number of rows below this.
 MAX_ABS_VALUE = 1e100
+#: Rows of a column read at a time where it may be memory-mapped (:func:`column_max`).
+CHUNK_ROWS = 1 << 20
 
 
 def check_floats(x: np.ndarray, where: str, family: str, first_row: int = 0) -> None:
@@ -107,6 +109,11 @@ def int_column(data, where: str, family: str) -> np.ndarray:
     if x.ndim != 1:
         raise DataError(f"{where}: {family} expects shape (n,), got {x.shape}")
     return x.astype(np.int64, copy=False)
+
+
+def column_max(x) -> int:
+    """The largest value of a non-empty integer column, read in chunks (it may be memory-mapped)."""
+    return int(max(int(np.max(x[a:a + CHUNK_ROWS])) for a in range(0, len(x), CHUNK_ROWS)))
 
 
 def _integral_if_float(x, where: str) -> np.ndarray:

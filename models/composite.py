@@ -111,6 +111,9 @@ class Composite(Internal):
     def _estimate(self, own, children):
         return self.with_fields(children=list(children))
 
+    def rows_needed(self):
+        return max(c.rows_needed() for c in self.children)
+
     def _sample(self, n, rng):
         return tuple(c._sample(n, rng) for c in self.children)
 

@@ -3,7 +3,8 @@
 *Upward*: each node's log density per row from its children's (leaves from data).
 *Downward*: each node turns its row weights into its children's row weights and folds its
 own sufficient statistics. Sibling leaves of one family under a mixture or HMM go through
-their family's batched matrix kernels.
+their family's batched matrix kernels. Every leaf's kernels run under the support rule
+(``models.support``): rows outside a leaf's support get log density -inf and weight 0.
 
 The same passes run on a model shard (``models.shard``): a shard evaluates the subtrees it
 holds whole (its shard roots), the shards of a replica exchange those subtrees' log
@@ -23,6 +24,7 @@ import numpy as np
 from .cost import block_bytes_per_row, tree_costs
 from .data import Data, n_rows, take_rows
 from .stats import Stats, StatsAccumulator
+from .support import Rows, leaf_accumulate, leaf_log_density, leaf_rows, siblings_rows
 from .tree import batch_class, child_path
 from .units import BLOCK_BYTES, LEAF_BLOCK_BYTES, MAX_BLOCK_ROWS, MIN_BLOCK_ROWS
 
@@ -62,36 +64,55 @@ def _batch_family(node: Node, path: str, frontier) -> type | None:
     return cls
 
 
+def _siblings_up(node: Node, data: Data, cls: type, shift: bool = True) -> tuple[np.ndarray, object, object, Rows]:
+    """A sibling batch's upward pass under the support rule: ``(child_lds, work, offsets,
+    rule)``, with the parent's log offsets added by a kernel that takes them when ``shift``
+    (``offsets`` is None when they were not). Leaves of one support run the batched kernels
+    on the column with stand-ins and get -inf where rows are outside; leaves whose supports
+    differ, with rows outside one of them, run one by one."""
+    rule = siblings_rows(node.children, node._child_data(data, 0))
+    if rule.per_leaf is not None:
+        lds = np.stack([leaf_log_density(c, r) for c, r in zip(node.children, rule.per_leaf)])
+        return lds, None, None, rule
+    work = cls.batch_prepare(node.children, rule.data)
+    offsets = node.child_log_offsets() if shift and cls.batch_takes_offsets else None
+    lds = cls.batch_log_density(node.children, rule.data, work, offsets)
+    if rule.out is not None:
+        lds = np.where(rule.out, -np.inf, lds)
+    return lds, work, offsets, rule
+
+
 class _Pass:
     """Caches of one block's upward pass, consumed by the downward pass.
 
     A node's children are evaluated one by one (recursively), or, when they are a sibling
     batch (``Leaf`` kernels over one column), by their class's batched kernels, whose
-    ``work`` both passes share.
+    ``work`` both passes share. What a leaf reads under the support rule (``models.support``:
+    its rows outside found, stand-ins in their place) is found once, in the upward pass, and
+    kept for the downward one.
     """
 
     def __init__(self, frontier: dict[str, np.ndarray] | None = None):
         self.frontier = frontier or {}
         self.ld: dict[str, np.ndarray] = {}
         self.aux: dict[str, tuple] = {}
+        self.rows: dict[str, Rows] = {}
 
     def up(self, node: Node, data: Data, path: str) -> np.ndarray:
         if path in self.frontier:
             ld = self.frontier[path]
         elif node.is_leaf:
-            ld = node._log_density(data)
+            rows = self.rows[path] = leaf_rows(node, data)
+            ld = leaf_log_density(node, rows)
         else:
             cls = _batch_family(node, path, self.frontier)
             if cls is None:
-                work, offsets = None, None
+                work, offsets, rule = None, None, None
                 child_lds = [self.up(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
             else:
-                cd = node._child_data(data, 0)
-                work = cls.batch_prepare(node.children, cd)
-                offsets = node.child_log_offsets() if cls.batch_takes_offsets else None
-                child_lds = cls.batch_log_density(node.children, cd, work, offsets)
+                child_lds, work, offsets, rule = _siblings_up(node, data, cls)
             ld, aux = node._combine(data, child_lds, offsets is not None)
-            self.aux[path] = (child_lds, aux, cls, work)
+            self.aux[path] = (child_lds, aux, cls, work, rule)
         self.ld[path] = ld
         return ld
 
@@ -103,14 +124,22 @@ class _Pass:
             reached[path] = w
             return
         if node.is_leaf:
-            out[path] = node._accumulate(data, w)
+            rows = self.rows[path] if path in self.rows else leaf_rows(node, data)
+            out[path] = leaf_accumulate(node, rows, w)
             return
-        child_lds, aux, cls, work = self.aux[path]
+        child_lds, aux, cls, work, rule = self.aux[path]
         child_ws, own = node._distribute(data, w, child_lds, self.ld[path], aux)
         if fold_upper and node.has_own_stats:
             out[path] = own
         if cls is not None:
-            folded = cls.batch_accumulate(node.children, node._child_data(data, 0), np.asarray(child_ws), work)
+            W = np.asarray(child_ws)
+            if rule.per_leaf is not None:
+                for i, (c, r) in enumerate(zip(node.children, rule.per_leaf)):
+                    out[child_path(path, i)] = leaf_accumulate(c, r, W[i])
+                return
+            if rule.out is not None:
+                W = np.where(rule.out, 0.0, W)
+            folded = cls.batch_accumulate(node.children, rule.data, W, work)
             for i, s in enumerate(folded):
                 out[child_path(path, i)] = s
             return
@@ -220,10 +249,10 @@ def child_weights(model: Node, data: Data, at: str) -> tuple[np.ndarray, np.ndar
     node, d, path = model, data, ""
     w = np.ones(n_rows(data))
     for i in [int(part) for part in at.split(".")] if at else []:
-        child_lds, aux, _, _ = p.aux[path]
+        child_lds, aux = p.aux[path][:2]
         child_ws, _ = node._distribute(d, w, child_lds, p.ld[path], aux)
         w, d, node, path = child_ws[i], node._child_data(d, i), node.children[i], child_path(path, i)
-    child_lds, aux, _, _ = p.aux[path]
+    child_lds, aux = p.aux[path][:2]
     child_ws, _ = node._distribute(d, w, child_lds, p.ld[path], aux)
     return np.asarray(child_ws, dtype=np.float64), ld
 
@@ -231,8 +260,8 @@ def child_weights(model: Node, data: Data, at: str) -> tuple[np.ndarray, np.ndar
 def children_log_density(node: Node, data: Data) -> np.ndarray:
     """``(K, m)``: each child's log density of the rows it reads (``node``'s children share
     one data column), through the children's batched kernel where they form one."""
-    cd = node._child_data(data, 0)
     cls = batch_class(node)
     if cls is not None:
-        return np.asarray(cls.batch_log_density(node.children, cd, cls.batch_prepare(node.children, cd), None))
+        return np.asarray(_siblings_up(node, data, cls, shift=False)[0])
+    cd = node._child_data(data, 0)
     return np.stack([_Pass().up(c, cd, str(i)) for i, c in enumerate(node.children)])

@@ -10,19 +10,17 @@ from .cost import NodeCost, stat_bytes
 from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
 from .schema import POSITIVE, Param
+from .support import Interval
 from .units import MATMUL_FLOPS
 
-
-def _outside_to_minus_inf(ld: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``ld`` with -inf in the columns where ``x < 0`` (the density is 0 there)."""
-    if x.size and x.min() < 0:
-        ld = np.where(x < 0, -np.inf, ld)
-    return ld
+#: ``x >= 0``
+NON_NEGATIVE = Interval(0.0)
 
 
 class Exponential(Leaf):
     family = "Exponential"
     schema = (Param("rate", 0, POSITIVE),)
+    support = NON_NEGATIVE
 
     def __init__(self, rate: float | None = None):
         self._init_fields(rate=rate)
@@ -36,25 +34,19 @@ class Exponential(Leaf):
             raise DataError(f"{where}: Exponential data must be >= 0, got {float(x.min())}")
         return x
 
-    # Negative values reach these kernels only as rows of a mixture or an HMM whose other
-    # components accept them (see ``models.columns.prepare_by_any``): their density is 0.
     def _log_density(self, x):
-        return _outside_to_minus_inf(np.log(self.rate) - self.rate * x, x)
+        return np.log(self.rate) - self.rate * x
 
     def _accumulate(self, x, w):
-        if x.size and x.min() < 0:
-            w = np.where(x < 0, 0.0, w)
         return (float(w.sum()), float(w @ x))
 
     @classmethod
     def batch_log_density(cls, leaves, x, work, offsets):
         rate = np.array([p.rate for p in leaves])[:, None]
-        return _outside_to_minus_inf(np.log(rate) - rate * x[None, :], x)
+        return np.log(rate) - rate * x[None, :]
 
     @classmethod
     def batch_accumulate(cls, leaves, x, W, work):
-        if x.size and x.min() < 0:
-            W = np.where(x < 0, 0.0, W)
         sw, sx = W.sum(axis=1), W @ x
         return [(float(a), float(b)) for a, b in zip(sw, sx)]
 
@@ -68,8 +60,20 @@ class Exponential(Leaf):
         return rng.exponential(1.0 / float(self.rate), size=n)
 
     def cost(self):
-        # log density: 2 passes and the support check; statistics: the check, a sum, one dot
+        # log density: 2 passes and the support check (models.support); statistics: a sum, one dot
         flops = 5 + 2 * MATMUL_FLOPS
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=8.0)
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """``Exponential(rate in [0.2, 5])``."""
+        return st.builds(Exponential, st.floats(0.2, 5.0, allow_nan=False, allow_infinity=False))
+
+    def oracle_log_density(self, x):
+        rate = float(self.rate)
+        return np.array([np.log(rate) - rate * v if v >= 0 else -np.inf for v in np.asarray(x, dtype=float)])
+
+    def oracle_estimate(self, x, w):
+        return {"rate": np.sum(w) / np.sum(w * x)}

@@ -31,6 +31,7 @@ from .columns import check_floats, float_column, leaf_columns
 from .cost import BatchCost, NodeCost, stat_bytes
 from .data import Ragged
 from .errors import DataError
+from .floored import AT_FLOOR, dims_named, floor_line
 from .floors import MIN_WEIGHT, VAR_FLOOR
 from .kernels import (centered, centered_t, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
                       stacked, weighted_sums, weighted_sums_t)
@@ -114,6 +115,42 @@ def _row_norms(a: np.ndarray) -> np.ndarray:
     return np.sqrt(np.add.reduce(a * a, axis=1))
 
 
+def _floats(st, lo: float, hi: float):
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+
+
+def _dims(st, like):
+    """A test strategy's dimension: ``like``'s, or 1..3."""
+    return st.just(like.dim) if like is not None else st.integers(1, 3)
+
+
+def _variance_regularized(own, reg):
+    """``reg_covar`` more on every variance (``sw * reg_covar`` on the second moments)."""
+    if reg.reg_covar > 0 and own[0] >= MIN_WEIGHT:
+        sw, sx, sxx = own
+        return (sw, sx, sxx + sw * reg.reg_covar)
+    return own
+
+
+def _variance_warnings(node, at: str, rows, dims_shown: bool) -> list[str]:
+    """The line of a (diagonal) variance at the floor, naming its dimensions with ``dims_shown``."""
+    if node.var is None:
+        return []
+    var = np.atleast_1d(np.asarray(node.var, dtype=np.float64))
+    dims = np.flatnonzero(var <= AT_FLOOR)
+    if dims.size == 0:
+        return []
+    where = f" in {dims_named(node.columns, node.dim, dims)}" if dims_shown else ""
+    what = f"{at}: a variance is at the floor ({float(var.min()):.3g}, VAR_FLOOR={VAR_FLOOR:g}){where}"
+    return [floor_line(what, rows, node.mean, np.diag(var), dims)]
+
+
+def _weighted_moments(x, w):
+    """Weighted mean and mean squared deviation per column, written plainly (test oracles)."""
+    mean = np.average(x, axis=0, weights=w)
+    return mean, np.average((x - mean) ** 2, axis=0, weights=w)
+
+
 class Gaussian(Leaf):
     """A univariate normal; data is a float per row."""
 
@@ -161,11 +198,33 @@ class Gaussian(Leaf):
     def _sample(self, n, rng):
         return rng.normal(float(self.mean), float(np.sqrt(self.var)), size=n)
 
+    def _regularize(self, own, reg):
+        return _variance_regularized(own, reg)
+
+    def _fit_warnings(self, at, rows):
+        return _variance_warnings(self, at, rows, dims_shown=False)
+
+    def rows_needed(self):
+        return 2
+
     def cost(self):
         # log density: 4 passes; statistics: w * x, two sums, one dot
         return NodeCost(flops_per_row=7 + 2 * MATMUL_FLOPS, param_bytes=16, stat_bytes=stat_bytes(scalars=3),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=8.0)
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """``Gaussian(mean in [-5, 5], var in [0.1, 5])``."""
+        return st.builds(Gaussian, _floats(st, -5.0, 5.0), _floats(st, 0.1, 5.0))
+
+    def oracle_log_density(self, x):
+        mean, var = float(self.mean), float(self.var)
+        return -0.5 * np.log(2 * np.pi * var) - (np.asarray(x) - mean) ** 2 / (2 * var)
+
+    def oracle_estimate(self, x, w):
+        mean = np.sum(w * x) / np.sum(w)
+        return {"mean": mean, "var": np.sum(w * (x - mean) ** 2) / np.sum(w)}
 
 
 def _vector_column(data, where, family, d):
@@ -317,6 +376,32 @@ class DiagGaussian(Leaf):
 
     def _sample(self, n, rng):
         return self.mean + np.sqrt(self.var) * rng.standard_normal((n, self.dim))
+
+    def _regularize(self, own, reg):
+        return _variance_regularized(own, reg)
+
+    def _fit_warnings(self, at, rows):
+        return _variance_warnings(self, at, rows, dims_shown=True)
+
+    def rows_needed(self):
+        return 2
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """Of ``like``'s dimension (1..3 when None), means in [-5, 5], variances in [0.1, 5]."""
+        return _dims(st, like).flatmap(lambda d: st.builds(
+            DiagGaussian,
+            st.lists(_floats(st, -5.0, 5.0), min_size=d, max_size=d).map(np.array),
+            st.lists(_floats(st, 0.1, 5.0), min_size=d, max_size=d).map(np.array),
+        ))
+
+    def oracle_log_density(self, x):
+        z = (np.asarray(x) - self.mean) ** 2 / self.var
+        return -0.5 * (np.log(2 * np.pi * self.var).sum() + z.sum(axis=1))
+
+    def oracle_estimate(self, x, w):
+        mean, var = _weighted_moments(x, w)
+        return {"mean": mean, "var": var}
 
     def cost(self):
         d = self.dim
@@ -524,6 +609,54 @@ class FullGaussian(Leaf):
 
     def _sample(self, n, rng):
         return self.mean + rng.standard_normal((n, self.dim)) @ self._chol.T
+
+    def _regularize(self, own, reg):
+        """``reg_covar`` more on the covariance's diagonal."""
+        if reg.reg_covar > 0 and own[0] >= MIN_WEIGHT:
+            sw, sx, sxx = own
+            return (sw, sx, sxx + sw * reg.reg_covar * np.eye(self.dim))
+        return own
+
+    def _fit_warnings(self, at, rows):
+        if self.cov is None:
+            return []
+        cov = np.asarray(self.cov, dtype=np.float64)
+        low = float(np.linalg.eigvalsh(cov)[0])
+        if low > AT_FLOOR:
+            return []
+        what = f"{at}: the covariance's smallest eigenvalue is at the floor ({low:.3g}, VAR_FLOOR={VAR_FLOOR:g})"
+        return [floor_line(what, rows, self.mean, cov, np.arange(self.dim))]
+
+    def rows_needed(self):
+        """``d + 1``: fewer rows span no ``d``-dimensional volume (the start would be singular,
+        and a likelihood that grows without bound keeps it there)."""
+        return self.dim + 1
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """Of ``like``'s dimension (1..3 when None); ``cov = A A^T / d + D``."""
+        def cov(values, diag):
+            d = len(diag)
+            a = np.array(values).reshape(d, d)
+            c = a @ a.T / d + np.diag(diag)
+            return 0.5 * (c + c.T)
+
+        return _dims(st, like).flatmap(lambda d: st.tuples(
+            st.lists(_floats(st, -5.0, 5.0), min_size=d, max_size=d),
+            st.lists(_floats(st, -1.0, 1.0), min_size=d * d, max_size=d * d),
+            st.lists(_floats(st, 0.2, 2.0), min_size=d, max_size=d),
+        ).map(lambda mad: FullGaussian(np.array(mad[0]), cov(mad[1], mad[2]))))
+
+    def oracle_log_density(self, x):
+        diff = np.asarray(x) - self.mean
+        _, logdet = np.linalg.slogdet(self.cov)
+        maha = np.einsum("ni,in->n", diff, np.linalg.solve(self.cov, diff.T))
+        return -0.5 * (self.dim * np.log(2 * np.pi) + logdet + maha)
+
+    def oracle_estimate(self, x, w):
+        mean = np.average(x, axis=0, weights=w)
+        c = x - mean
+        return {"mean": mean, "cov": np.einsum("n,ni,nj->ij", w, c, c) / np.sum(w)}
 
     def cost(self):
         d = self.dim

@@ -257,6 +257,18 @@ class HMM(Internal):
         mean_length = self.mean_length if sw < MIN_WEIGHT or slen <= 0 else np.array(slen / sw)
         return HMM._fitted(children, frozen(transitions), initial, frozen(mean_length))
 
+    def _regularize(self, own, reg):
+        """``pseudo_count`` more of every initial state and of every transition out of a state
+        that some position left (the MAP under a symmetric Dirichlet prior)."""
+        a = reg.pseudo_count
+        if a <= 0:
+            return own
+        init, xi, sw, slen = own
+        init = init + a if init.sum() >= MIN_WEIGHT else init
+        rows = xi.sum(axis=1, keepdims=True)
+        xi = np.where(rows >= MIN_WEIGHT, xi + a, xi)
+        return (init, xi, sw, slen)
+
     @classmethod
     def _fitted(cls, children, transitions: np.ndarray, initial: np.ndarray, mean_length: np.ndarray) -> "HMM":
         """``HMM(children, transitions, initial, mean_length)`` for an M-step's result, without

@@ -1,22 +1,25 @@
 """Templates completed from the data: shapes first (before planning), then values (per start).
 
-- :func:`complete_shapes` fills what the plan needs and only the data can say: a
-  ``Categorical()``'s number of values (the largest value of its column plus one) and a
-  sequence's or HMM's ``mean_length`` (the mean length of its rows). It reads just those
-  columns (the offsets, the integer values), memory-mapped when the data live on disk.
+- :func:`complete_shapes` fills what the plan needs and only the data can say: a leaf's
+  sizes that its data decide (``Leaf._sizes_from_data``: a ``Categorical()``'s number of
+  values is the largest value of its column plus one) and a sequence's or HMM's
+  ``mean_length`` (the mean length of its rows). It reads just those columns (the offsets,
+  the integer values), memory-mapped when the data live on disk.
 - :func:`initialize` fills every other unset parameter from a bounded, seeded, uniform
   sample of rows drawn by global row index (:func:`sample_index`), so every executor, every
   grid and every MPI rank builds the same starting model for the same seed without any
   process holding more than the sample. Recursively, on the rows each node receives:
 
-  * a leaf: its own statistics of its rows (``_accumulate``), then its M-step; a leaf
+  * a leaf: its own statistics of its rows (``_accumulate``, under the support rule of
+    ``models.support``: a row outside its support weighs 0), then its M-step; a leaf
     that is one part of a partition adds ``PRIOR_ROWS`` rows' worth of the statistics of
     every row the partition split, so a value its part lacks keeps some probability;
   * a ``Composite``: each field on its column; a ``Sequence``: its child on the positions,
     each weighted by its row's weight;
   * a ``Mixture``: its rows partitioned, greedy k-means++ and a few Lloyd iterations on
     the standardized columns where its components read floats or vectors (or records with
-    such fields; drawn again while some cluster has fewer rows than its component needs),
+    such fields; drawn again while some cluster has fewer rows than its component needs,
+    ``Node.rows_needed``),
     a random partition otherwise; each component then completed from its part, the
     weights set to the parts' shares;
   * an ``HMM``: its positions partitioned the same way for the emissions, except that
@@ -41,19 +44,19 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Node
-from .categorical import Categorical, floor_probs
+from .categorical import floor_probs
 from .composite import Composite
 from .context import context_labels
 from .data import Data, Ragged, n_rows, take_index
 from .errors import ConfigError, ModelError
-from .gaussian import DiagGaussian, FullGaussian, Gaussian
 from .hmm import HMM
 from .kmeans import kmeans_labels, random_labels
 from .mixture import Mixture
 from .floors import RATE_FLOOR
 from .poisson import Poisson
-from .schema import Children, Param
+from .schema import Children, Param, Size
 from .sequence import Sequence
+from .support import leaf_accumulate, leaf_rows
 from .tree import child_path
 
 __all__ = ["INIT_METHODS", "complete_shapes", "data_shapes_unset", "check_init", "sample_index", "sample_rows", "initialize"]
@@ -78,7 +81,6 @@ STAY = 0.9
 KMEANS_DRAWS = 5
 #: Rows' worth of a partition's pooled statistics added to each leaf part's own.
 PRIOR_ROWS = 1.0
-_CHUNK = 1 << 20
 
 
 def _where(path: str) -> str:
@@ -104,9 +106,10 @@ def complete_shapes(model: Node, data: Data) -> Node:
 
 def _shapes(node: Node, data, path: str) -> Node:
     if node.is_leaf:
-        if isinstance(node, Categorical) and node.n_values is None:
-            return node.with_fields(n_values=_column_max(data, path) + 1)
-        return node
+        if not _from_data(node):
+            return node
+        sizes = node._sizes_from_data(data, f"{node.family} at path {_where(path)}")
+        return node.with_fields(**sizes) if sizes else node
     kids = [_shapes(c, node._child_data(data, i), child_path(path, i)) for i, c in enumerate(node.children)]
     values = {}
     if node.reads_ragged and node.mean_length is None:
@@ -121,21 +124,21 @@ def _shapes(node: Node, data, path: str) -> Node:
     return _rebuild(node, kids, **values)
 
 
+def _from_data(node: Node) -> list[str]:
+    """A leaf's unset sizes that its data decide (``Size`` fields with ``from_data``)."""
+    unset = node.own_unset()
+    return [f.name for f in node.schema if isinstance(f, Size) and f.from_data and f.name in unset]
+
+
 def data_shapes_unset(model: Node) -> list[tuple[str, str]]:
     """The unset ``(path, field)`` that :func:`complete_shapes` takes from the data."""
     out = []
     for path, node in model.nodes():
+        sizes = _from_data(node) if node.is_leaf else []
         for name in node.own_unset():
-            if (isinstance(node, Categorical) and name == "n_values") or (node.reads_ragged and name == "mean_length"):
+            if name in sizes or (node.reads_ragged and name == "mean_length"):
                 out.append((path, name))
     return out
-
-
-def _column_max(x, path: str) -> int:
-    """The largest value of an integer column, read in chunks (it may be memory-mapped)."""
-    if len(x) == 0:
-        raise ModelError(f"Categorical at path {_where(path)} cannot take n_values from the data: its column is empty")
-    return int(max(int(np.max(x[a:a + _CHUNK])) for a in range(0, len(x), _CHUNK)))
 
 
 def check_init(model: Node, init: str) -> None:
@@ -211,7 +214,7 @@ def _fill(node: Node, data, w: np.ndarray, rng, init: str, path: str) -> Node:
 def _leaf(node: Node, data, w: np.ndarray, path: str, prior=None) -> Node:
     """The leaf's M-step on its rows (plus ``prior``, pooled statistics scaled to
     ``PRIOR_ROWS`` rows); parameters the template gives are kept."""
-    own = node._accumulate(data, w)
+    own = leaf_accumulate(node, leaf_rows(node, data), w)
     if prior is not None:
         own = tuple(a + b for a, b in zip(own, prior))
     fitted = node._estimate(own, ())
@@ -250,7 +253,8 @@ def _mixture(node, data, w, rng, init: str, path: str) -> Node:
         if c.is_leaf and c.is_template:
             key = c.describe()
             if key not in pooled:
-                pooled[key] = tuple(PRIOR_ROWS / rw.sum() * s for s in c._accumulate(rows, rw))
+                own = leaf_accumulate(c, leaf_rows(c, rows), rw)
+                pooled[key] = tuple(PRIOR_ROWS / rw.sum() * s for s in own)
             kids.append(_leaf(c, part_rows, part_w, child_path(path, j), pooled[key]))
         else:
             kids.append(_fill(c, part_rows, part_w, rng, init, child_path(path, j)))
@@ -323,27 +327,13 @@ def _partition(component: Node, rows, w, k: int, rng, init: str) -> np.ndarray:
     X = _features(rows, component) if init != "random" else None
     if X is None:
         return random_labels(n_rows(rows), k, rng)
-    need = _rows_needed(component)
+    need = component.rows_needed()
     draws = KMEANS_DRAWS if need > 1 and X.shape[0] >= k * need else 1
     for _ in range(draws):
         labels = kmeans_labels(X, w, k, rng)
         if np.bincount(labels, minlength=k).min() >= need:
             break
     return labels
-
-
-def _rows_needed(node: Node) -> int:
-    """Rows a component needs for its first M-step to be well posed: ``d + 1`` for a full
-    covariance of dimension ``d`` (fewer span no ``d``-dimensional volume: the component
-    would start singular, and a likelihood that grows without bound keeps it there), 2 for
-    a variance, the most any field of a record needs, 1 otherwise."""
-    if isinstance(node, FullGaussian):
-        return node.dim + 1
-    if isinstance(node, (Gaussian, DiagGaussian)):
-        return 2
-    if isinstance(node, (Composite, Mixture)):
-        return max(_rows_needed(c) for c in node.children)
-    return 1
 
 
 def _features(data, node: Node) -> np.ndarray | None:

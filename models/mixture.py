@@ -14,6 +14,9 @@ from .kernels import log_softmax_parts
 from .schema import SIMPLEX, Children, Param
 from .units import MATMUL_FLOPS, VECTOR_FLOPS
 
+#: A fitted weight below this is reported as a collapsed component (``models.diagnose``).
+COLLAPSED_WEIGHT = 1e-3
+
 
 def sample_by_label(children, labels: np.ndarray, rng: np.random.Generator):
     """Data for rows whose generating child is ``labels[row]``, in row order."""
@@ -104,6 +107,23 @@ class Mixture(Internal):
         if total < MIN_WEIGHT:
             return Mixture(children, self.weights)
         return Mixture._fitted(children, floor_probs(counts / total))
+
+    def _regularize(self, own, reg):
+        """``pseudo_count`` more rows for every component."""
+        if reg.pseudo_count > 0 and own[0].sum() >= MIN_WEIGHT:
+            return (own[0] + reg.pseudo_count,)
+        return own
+
+    def _fit_warnings(self, at, rows):
+        """A component whose weight is below ``COLLAPSED_WEIGHT`` (it explains almost none of
+        the rows reaching the mixture)."""
+        if self.weights is None:
+            return []
+        return [f"{at}: component {int(k)} has weight {float(self.weights[k]):.3g} (below {COLLAPSED_WEIGHT:g}): "
+                f"it has collapsed" for k in np.flatnonzero(self.weights < COLLAPSED_WEIGHT)]
+
+    def rows_needed(self):
+        return max(c.rows_needed() for c in self.children)
 
     def _sample(self, n, rng):
         labels, _ = self._draw_labels(n, rng)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Leaf
@@ -11,12 +13,17 @@ from .errors import DataError
 from .floors import MIN_WEIGHT, RATE_FLOOR
 from .schema import POSITIVE, Param
 from .special import log_factorial
+from .support import Interval
 from .units import MATMUL_FLOPS, SLOW_FLOPS
+
+#: counts ``x >= 0``
+COUNTS = Interval(0)
 
 
 class Poisson(Leaf):
     family = "Poisson"
     schema = (Param("rate", 0, POSITIVE),)
+    support = COUNTS
 
     def __init__(self, rate: float | None = None):
         self._init_fields(rate=rate)
@@ -62,3 +69,16 @@ class Poisson(Leaf):
         return NodeCost(flops_per_row=flops, param_bytes=8, stat_bytes=stat_bytes(scalars=2),
                         data_bytes_per_row=8.0, coupling_bytes_per_row=0.0, work_bytes_per_row=8.0,
                         scratch_bytes_per_row=16.0)
+
+    @classmethod
+    def strategy(cls, st, like=None):
+        """``Poisson(rate in [0.2, 10])``."""
+        return st.builds(Poisson, st.floats(0.2, 10.0, allow_nan=False, allow_infinity=False))
+
+    def oracle_log_density(self, x):
+        rate = float(self.rate)
+        return np.array([k * math.log(rate) - rate - math.lgamma(k + 1) if k >= 0 else -np.inf
+                         for k in np.asarray(x).tolist()])
+
+    def oracle_estimate(self, x, w):
+        return {"rate": np.sum(w * x) / np.sum(w)}

@@ -8,8 +8,9 @@ are not enough.
   a Mixture's component counts, an HMM's initial and transition counts (the MAP estimate
   under a symmetric Dirichlet prior of ``1 + pseudo_count``).
 
-Both default to 0, which leaves the statistics untouched (the floors alone act, as they
-always have). A node whose statistics carry less than ``floors.MIN_WEIGHT`` keeps its
+Each family adds what applies to it (``Node._regularize``); a new family's counts take
+``pseudo_count`` there. Both default to 0, which leaves the statistics untouched (the
+floors alone act). A node whose statistics carry less than ``floors.MIN_WEIGHT`` keeps its
 parameters either way. Applied to the reduced statistics before the M-step, on the
 coordinator, so every executor and grid regularizes alike.
 """
@@ -19,15 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from .base import Node
-from .categorical import Categorical
 from .errors import ConfigError
-from .floors import MIN_WEIGHT
-from .gaussian import DiagGaussian, FullGaussian, Gaussian
-from .hmm import HMM
-from .mixture import Mixture
 from .stats import Stats
 
 
@@ -56,24 +50,5 @@ def regularize(model: Node, stats: Stats, reg: Regularization | None) -> Stats:
     out = dict(stats)
     for path, node in model.nodes():
         if path in out:
-            out[path] = _own(node, out[path], reg)
+            out[path] = node._regularize(out[path], reg)
     return Stats(out)
-
-
-def _own(node: Node, own: tuple, reg: Regularization) -> tuple:
-    r, a = reg.reg_covar, reg.pseudo_count
-    if isinstance(node, (Gaussian, DiagGaussian)) and r > 0 and own[0] >= MIN_WEIGHT:
-        sw, sx, sxx = own
-        return (sw, sx, sxx + sw * r)
-    if isinstance(node, FullGaussian) and r > 0 and own[0] >= MIN_WEIGHT:
-        sw, sx, sxx = own
-        return (sw, sx, sxx + sw * r * np.eye(node.dim))
-    if isinstance(node, (Categorical, Mixture)) and a > 0 and own[0].sum() >= MIN_WEIGHT:
-        return (own[0] + a,)
-    if isinstance(node, HMM) and a > 0:
-        init, xi, sw, slen = own
-        init = init + a if init.sum() >= MIN_WEIGHT else init
-        rows = xi.sum(axis=1, keepdims=True)
-        xi = np.where(rows >= MIN_WEIGHT, xi + a, xi)
-        return (init, xi, sw, slen)
-    return own

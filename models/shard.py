@@ -106,6 +106,7 @@ class Elsewhere(Node):
     never evaluated here, and its parameters stay with its own shard."""
 
     has_own_stats = False
+    support = None  # never evaluated here (``_log_density`` says so)
 
     def __init__(self, path: str, data_type: str | None = None):
         self.path = path
@@ -117,7 +118,7 @@ class Elsewhere(Node):
     def __reduce__(self):
         return (Elsewhere, (self.path, self._data_type))
 
-    def estimate(self, stats, path: str = "") -> "Elsewhere":
+    def _estimate(self, own, children) -> "Elsewhere":
         return self  # its own shard estimates the subtree (executors.mstep)
 
     def own_unset(self) -> tuple[str, ...]:

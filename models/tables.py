@@ -8,9 +8,12 @@ with pyarrow); :class:`Table` wraps any of them with how to read it (``sequence_
 
 - A ``Composite`` with named fields maps each field to its column(s)
   (``Composite.column_names``); a mixture's components read the same columns.
-- A ``Categorical`` reads its column through its value list (``values``, in code order),
-  which :func:`bind` takes from the column when a fit starts: strings, integers and
-  booleans, and floats only when every one is integral; an unseen value is refused.
+- A ``value_coded`` leaf (a ``Categorical``) reads its column through its value list
+  (``values``, in code order), which :func:`bind` takes from the column when a fit starts
+  (``Leaf._bind_values``): strings, integers and booleans, and floats only when every one
+  is integral; an unseen value is refused.
+- A leaf whose ``columns`` name its columns by a pattern (a vector leaf's ``"*"``) gets the
+  names it matches and, through its schema's ``Size(by="columns")``, its dimension.
 - A missing value (null, NaN, an empty CSV field) is refused naming the column and the
   first row, unless ``drop_missing`` asks to drop those rows (a warning says how many).
 - With ``sequence_id``, the rows of one sequence (an ``HMM``'s or a ``Sequence``'s
@@ -36,7 +39,7 @@ from .data import Data, Ragged
 from .errors import DataError
 from .files import regular_file
 from .hints import hint
-from .schema import Children
+from .schema import Children, Size
 from .tree import child_path
 
 if TYPE_CHECKING:
@@ -154,7 +157,7 @@ def _walk(node, path, names, sequence_id, reads, patterns=None):
         else:
             if len(names) != 1:
                 raise DataError(f"the {node.family} at path {_where(path)} reads one column, got {list(names)}")
-            col = Col(names, "cat" if node.family == "Categorical" else t, path)
+            col = Col(names, "cat" if getattr(node, "value_coded", False) else t, path)
         reads[path] = col
         return col
     if node.reads_ragged:
@@ -374,9 +377,8 @@ def read_file(path: Path, names: list[str] | None = None):
 def bind(model: "Node", data) -> "Node":
     """``model`` bound to the table ``data``: every leaf naming its columns by a pattern
     gets the table's columns it matches (:func:`resolve_patterns`), and every
-    ``Categorical`` that reads a column and has no value list gets the column's distinct
-    values, sorted (only those columns are read). A ``Categorical(n_values=V)`` (or a
-    complete one) whose column holds codes ``0..V-1`` keeps them: its values are ``0..V-1``."""
+    ``value_coded`` leaf that reads a column and has no value list is bound to the column's
+    distinct values, sorted (``Leaf._bind_values``; only those columns are read)."""
     table = as_table(data)
     model = resolve_patterns(model, table)
     _, reads = column_tree(model, table.sequence_id)
@@ -389,14 +391,8 @@ def bind(model: "Node", data) -> "Node":
         found[name] = value_list(x if miss is None else x[~miss], f"column {name!r}")
     new = {}
     for p, c in todo.items():
-        leaf, values = model.node_at(p), found[c.names[0]]
-        v = leaf.n_values
-        if v is not None and all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a < v for a in values):
-            values = list(range(v))
-        elif v is not None and len(values) != v:
-            raise DataError(f"column {c.names[0]!r} holds {len(values)} distinct value(s) but the Categorical at "
-                            f"path {_where(p)} has n_values={v}")
-        new[p] = leaf.with_fields(values=values)
+        leaf = model.node_at(p)
+        new[p] = leaf._bind_values(found[c.names[0]], c.names[0], f"{leaf.family} at path {_where(p)}")
     return replace_nodes(model, new)
 
 
@@ -420,11 +416,14 @@ def resolve_patterns(model: "Node", table: Table) -> "Node":
             shown = ", ".join(numeric[:12]) + (", ..." if len(numeric) > 12 else "") if numeric else "none"
             raise DataError(f"the {leaf.family} at path {_where(path)} reads the columns {pattern!r}, which match no "
                             f"numeric column of the table (its numeric columns: {shown})")
-        dim = leaf.dim if leaf.mean is not None or leaf._sizes.get("dim") is not None else None
+        # the size the columns give (a vector leaf's dim), known already when its parameter is set
+        size = next((f for f in leaf.schema if isinstance(f, Size) and f.by == "columns"), None)
+        dim = None if size is None else leaf._sizes.get(size.name)
         if dim is not None and dim != len(names):
             raise DataError(f"the {leaf.family} at path {_where(path)} has dimension {dim}, but its columns "
                             f"{pattern!r} match {len(names)}: {names[:8]}")
-        new[path] = leaf.with_fields(columns=names, dim=len(names) if leaf.mean is None else None)
+        sized = {} if size is None else {size.name: len(names) if getattr(leaf, size.of) is None else None}
+        new[path] = leaf.with_fields(columns=names, **sized)
     return replace_nodes(model, new)
 
 
@@ -543,7 +542,7 @@ def assemble(model: "Node", tree, cols: dict[str, np.ndarray], offsets: np.ndarr
         if tree.kind == "vec":
             return np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in tree.names])
         x = cols[tree.names[0]]
-        if tree.kind == "cat":
+        if tree.kind == "cat":  # a value_coded leaf: its codes under its value list
             leaf = model.node_at(tree.path)
             if leaf.values is not None:
                 return encode_values(x, leaf.values, f"column {tree.names[0]!r}")

@@ -1,5 +1,9 @@
 """Hypothesis strategies for emgrid model trees and their data.
 
+Leaves are drawn by their families' own ``strategy`` hooks (``models.base.Leaf``), for
+every leaf family the package registers (:func:`package_families`), so a new family is
+drawn as soon as it is registered; a family without the hook fails with its name.
+
 Every strategy draws valid objects: parameters inside their families' domains, internal
 nodes whose children agree on their data type, and trees small enough that a test example
 runs in milliseconds (at most ``MAX_LEAVES`` leaves, at most ``MAX_POSITIONS`` expected leaf
@@ -15,16 +19,13 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Exponential, FullGaussian, Gaussian,
-                    Mixture, Poisson, Sequence)
+from emgrid.models import FAMILIES, HMM, Composite, Gaussian, Leaf, Mixture, Sequence
 from emgrid.models.base import Node
 
 #: Most leaves a drawn tree holds.
 MAX_LEAVES = 8
 #: Most expected leaf rows per root row (product of mean lengths along any path).
 MAX_POSITIONS = 25.0
-MAX_DIM = 3
-MAX_VALUES = 5
 MAX_COMPONENTS = 3
 
 
@@ -62,88 +63,42 @@ def mean_lengths(low: float = 2.0, high: float = 5.0) -> st.SearchStrategy[float
 
 
 # ---------------------------------------------------------------- leaves
+def package_families() -> list[type[Leaf]]:
+    """The leaf families registered in ``emgrid.models.FAMILIES`` by the package itself, in
+    registration order: the ones drawn by default. A family defined elsewhere (a user's, a
+    test's) is drawn where it is passed explicitly (``leaves(families=[...])``), so that
+    defining one in a test does not change what every other test draws."""
+    return [cls for cls in FAMILIES.values() if issubclass(cls, Leaf) and cls.__module__.startswith("emgrid.models.")]
+
+
+def leaf_strategy(cls: type[Leaf], like: Leaf | None = None) -> st.SearchStrategy[Leaf]:
+    """The family's own strategy (its ``strategy`` hook), ``like``'s sizes when given; a
+    family without one is a clear error naming it."""
+    if cls.strategy.__func__ is Leaf.strategy.__func__:
+        raise TypeError(f"leaf family {cls.family!r} ({cls.__module__}) defines no strategy(st, like) hook, which "
+                        "tests/strategies.py draws it from: add one beside its class (README, 'Adding a family')")
+    return cls.strategy(st, like)
+
+
 def gaussians() -> st.SearchStrategy[Gaussian]:
     """``Gaussian(mean in [-5, 5], var in [0.1, 5])``.
 
     >>> gaussians().example()
     Gaussian(mean=-3.441, var=3.964)
     """
-    return st.builds(Gaussian, _floats(-5.0, 5.0), _floats(0.1, 5.0))
+    return leaf_strategy(Gaussian)
 
 
-def diag_gaussians(dim: int | None = None) -> st.SearchStrategy[DiagGaussian]:
-    """A ``DiagGaussian`` of dimension ``dim`` (drawn in 1..3 when None).
-
-    >>> diag_gaussians().example()
-    DiagGaussian(mean=[ 1.    -2.468  0.   ], var=[2.279 4.146 0.962])
-    """
-    dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
-    return dims.flatmap(lambda d: st.builds(
-        DiagGaussian,
-        st.lists(_floats(-5.0, 5.0), min_size=d, max_size=d).map(np.array),
-        st.lists(_floats(0.1, 5.0), min_size=d, max_size=d).map(np.array),
-    ))
-
-
-def _covariance(values: list[float], diag: list[float]) -> np.ndarray:
-    d = len(diag)
-    a = np.array(values).reshape(d, d)
-    cov = a @ a.T / d + np.diag(diag)
-    return 0.5 * (cov + cov.T)
-
-
-def full_gaussians(dim: int | None = None) -> st.SearchStrategy[FullGaussian]:
-    """A ``FullGaussian`` of dimension ``dim`` (1..3 when None); ``cov = A A^T / d + D``.
-
-    >>> full_gaussians().example()
-    FullGaussian(mean=[ 1.  0. -0.], cov=[[1.321 0.12  0.162] [0.12  1.612 0.136] [0.162 0.136 0.905]])
-    """
-    dims = st.just(dim) if dim is not None else st.integers(1, MAX_DIM)
-    return dims.flatmap(lambda d: st.tuples(
-        st.lists(_floats(-5.0, 5.0), min_size=d, max_size=d),
-        st.lists(_floats(-1.0, 1.0), min_size=d * d, max_size=d * d),
-        st.lists(_floats(0.2, 2.0), min_size=d, max_size=d),
-    ).map(lambda mad: FullGaussian(np.array(mad[0]), _covariance(mad[1], mad[2]))))
-
-
-def categoricals(n_values: int | None = None) -> st.SearchStrategy[Categorical]:
-    """A ``Categorical`` over ``n_values`` values (2..5 when None), every probability > 0.
-
-    >>> categoricals().example()
-    Categorical(probs=[0.226 0.23  0.347 0.198])
-    """
-    sizes = st.just(n_values) if n_values is not None else st.integers(2, MAX_VALUES)
-    return sizes.flatmap(lambda v: simplex(v).map(Categorical))
-
-
-def poissons() -> st.SearchStrategy[Poisson]:
-    """``Poisson(rate in [0.2, 10])``.
-
-    >>> poissons().example()
-    Poisson(rate=8.574)
-    """
-    return st.builds(Poisson, _floats(0.2, 10.0))
-
-
-def exponentials() -> st.SearchStrategy[Exponential]:
-    """``Exponential(rate in [0.2, 5])``.
-
-    >>> exponentials().example()
-    Exponential(rate=4.)
-    """
-    return st.builds(Exponential, _floats(0.2, 5.0))
-
-
-def leaves() -> st.SearchStrategy[Node]:
-    """Any leaf family with valid random parameters and small dimensions.
+def leaves(families: list[type[Leaf]] | None = None) -> st.SearchStrategy[Node]:
+    """Any leaf family (every one of :func:`package_families`, or ``families``) with valid
+    random parameters and small dimensions, each drawn by its family's ``strategy`` hook.
 
     >>> leaves().example()
     Gaussian(mean=0., var=0.1)
     >>> leaves().example()
     Poisson(rate=3.882)
     """
-    return st.one_of(gaussians(), diag_gaussians(), full_gaussians(), categoricals(), poissons(),
-                     exponentials())
+    return st.one_of(*(leaf_strategy(cls) for cls in (package_families() if families is None else families)))
 
 
 # ---------------------------------------------------------------- tree measures
@@ -161,36 +116,31 @@ def positions_per_row(model: Node) -> float:
 # ---------------------------------------------------------------- same structure, new parameters
 def like(model: Node) -> st.SearchStrategy[Node]:
     """A node with ``model``'s structure and data type (families, dimensions, sizes) and
-    freshly drawn parameters: the way mixtures and HMMs draw agreeing components.
+    freshly drawn parameters: the way mixtures and HMMs draw agreeing components. A leaf
+    comes from its family's ``strategy`` hook, an internal node from :data:`INTERNAL_LIKE`.
 
     >>> like(Composite([Gaussian(0, 1), Categorical([0.5, 0.5])])).example()   # as a tree:
     Composite of 2
       Gaussian(mean=2.864, var=0.274)
       Categorical(probs=[0.438 0.562])
     """
-    if isinstance(model, Gaussian):
-        return gaussians()
-    if isinstance(model, DiagGaussian):
-        return diag_gaussians(model.dim)
-    if isinstance(model, FullGaussian):
-        return full_gaussians(model.dim)
-    if isinstance(model, Categorical):
-        return categoricals(model.n_values)
-    if isinstance(model, Poisson):
-        return poissons()
-    if isinstance(model, Exponential):
-        return exponentials()
-    kids = st.tuples(*(like(c) for c in model.children))
-    k = len(model.children)
-    if isinstance(model, Composite):
-        return kids.map(Composite)
-    if isinstance(model, Mixture):
-        return st.builds(Mixture, kids, simplex(k))
-    if isinstance(model, HMM):
-        return st.builds(HMM, kids, stochastic_matrices(k), simplex(k), mean_lengths())
-    if isinstance(model, Sequence):
-        return st.tuples(kids, mean_lengths()).map(lambda cl: Sequence(cl[0][0], cl[1]))
-    raise TypeError(f"like() does not know {type(model).__name__}")
+    if isinstance(model, Leaf):
+        return leaf_strategy(type(model), model)
+    build = INTERNAL_LIKE.get(model.family)
+    if build is None:
+        raise TypeError(f"like() has no rule for the internal family {model.family!r}: add one to "
+                        "tests.strategies.INTERNAL_LIKE")
+    return build(model, st.tuples(*(like(c) for c in model.children)))
+
+
+#: Per internal family: ``(model, its children's strategy) -> a strategy of nodes like it``.
+INTERNAL_LIKE = {
+    "Composite": lambda model, kids: kids.map(Composite),
+    "Mixture": lambda model, kids: st.builds(Mixture, kids, simplex(len(model.children))),
+    "HMM": lambda model, kids: st.builds(HMM, kids, stochastic_matrices(len(model.children)),
+                                         simplex(len(model.children)), mean_lengths()),
+    "Sequence": lambda model, kids: st.tuples(kids, mean_lengths()).map(lambda cl: Sequence(cl[0][0], cl[1])),
+}
 
 
 def _components(children: st.SearchStrategy[Node], max_k: int) -> st.SearchStrategy[tuple]:
@@ -279,9 +229,10 @@ def composite_of(children: st.SearchStrategy[Node], max_fields: int = 3) -> st.S
     return st.lists(children, min_size=1, max_size=max_fields).map(build)
 
 
-def models(max_leaves: int = MAX_LEAVES) -> st.SearchStrategy[Node]:
-    """Random nested model trees: leaves under Composite, Mixture, HMM and Sequence nodes
-    in any nesting where data types agree, at most ``MAX_LEAVES`` leaves.
+def models(max_leaves: int = MAX_LEAVES, families: list[type[Leaf]] | None = None) -> st.SearchStrategy[Node]:
+    """Random nested model trees: leaves (of :func:`leaves`'s families, or ``families``)
+    under Composite, Mixture, HMM and Sequence nodes in any nesting where data types agree,
+    at most ``MAX_LEAVES`` leaves.
 
     >>> models().example()   # as a tree:
     HMM K=3 L~4.37
@@ -301,7 +252,7 @@ def models(max_leaves: int = MAX_LEAVES) -> st.SearchStrategy[Node]:
           Poisson(rate=10.)
     """
     return st.recursive(
-        leaves(),
+        leaves(families),
         lambda children: st.one_of(composite_of(children), mixture_of(children), hmm_of(children),
                                    sequence_of(children)),
         max_leaves=max_leaves,

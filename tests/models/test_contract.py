@@ -18,6 +18,7 @@ from emgrid.models import (FAMILIES, HMM, Categorical, Composite, DiagGaussian, 
 from emgrid.models.engine import e_step
 from emgrid.models.schema import Children, Param
 from emgrid.models.stats import StatsAccumulator
+from emgrid.models.support import Interval, leaf_accumulate, leaf_log_density, leaf_rows, outside
 
 from tests import strategies as S
 
@@ -133,10 +134,14 @@ SIBLINGS = [
 @pytest.mark.parametrize("leaves", SIBLINGS, ids=lambda ls: f"{ls[0].describe()} x{len(ls)}")
 def test_a_batched_kernel_agrees_with_its_leaves_alone(leaves):
     """The batched interface gives each leaf's own log density and statistics; offsets go in
-    only where the kernel declares it adds them."""
+    only where the kernel declares it adds them. Kernels see rows inside every leaf's
+    support only (the engine's support rule sees to the others)."""
     cls = type(leaves[0])
     mix = Mixture(leaves, np.full(len(leaves), 1.0 / len(leaves)))
     x = mix.prepare(mix.sample(300, np.random.default_rng(3)))
+    masks = [m for m in (outside(leaf, x) for leaf in leaves) if m is not None]
+    if masks:
+        x = x[~np.any(masks, axis=0)]
     work = cls.batch_prepare(leaves, x)
     alone = np.stack([leaf._log_density(x) for leaf in leaves])
     np.testing.assert_allclose(cls.batch_log_density(leaves, x, work, None), alone, rtol=1e-10, atol=1e-10)
@@ -149,6 +154,46 @@ def test_a_batched_kernel_agrees_with_its_leaves_alone(leaves):
     for got, leaf, w in zip(cls.batch_accumulate(leaves, x, W, work), leaves, W):
         for a, b in zip(got, leaf._accumulate(x, w)):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("interval", [Interval(0), Interval(0, 3), Interval(0.0, open_low=True),
+                                      Interval(-1.0, 2.0, open_low=True, open_high=True), Interval(high=5.0)])
+def test_an_interval_finds_the_rows_outside_and_stands_in_for_them(interval):
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0, 3.0, 5.0, 9.0])
+    inside = np.array([(v > interval.low if interval.open_low else v >= interval.low)
+                       and (v < interval.high if interval.open_high else v <= interval.high) for v in x])
+    np.testing.assert_array_equal(interval.outside(x), ~inside)
+    assert interval.outside(x[inside]) is None and interval.outside(x[:0]) is None
+    filled = interval.stand_in(x, ~inside)
+    assert interval.outside(filled) is None and np.array_equal(filled[inside], x[inside])
+    codes = Interval(0, 3).stand_in(np.array([7, 1]), np.array([True, False]))
+    assert codes.dtype == np.int64 and codes.tolist() == [0, 1]  # integer data keep their dtype
+
+
+def test_the_support_rule_gives_rows_outside_no_density_and_no_weight():
+    """Rows outside a leaf's support reach it from its siblings; the engine gives them log
+    density -inf and weight 0, for a leaf alone and for a batch of one support."""
+    x = np.array([0, 3, 1, 7, 2, 1])
+    narrow = Categorical([0.2, 0.3, 0.5])
+    rows = leaf_rows(narrow, x)
+    out = rows.out
+    assert out.tolist() == [False, True, False, True, False, False] and np.array_equal(outside(narrow, x), out)
+    assert rows.data.tolist() == [0, 0, 1, 0, 2, 1]  # stand-ins inside the support where rows are outside
+    ld = leaf_log_density(narrow, rows)
+    assert np.all(np.isneginf(ld[out])) and np.array_equal(ld[~out], narrow.log_density(x[~out]))
+    w = np.arange(1.0, 7.0)
+    (counts,) = leaf_accumulate(narrow, rows, w)
+    np.testing.assert_array_equal(counts, narrow.accumulate(x[~out], w[~out])[""][0])
+    # a batch of one support inside a mixture whose other child reads the rest
+    inner = Mixture([Categorical([0.2, 0.3, 0.5]), Categorical([0.6, 0.2, 0.2])], [0.5, 0.5])
+    model = Mixture([inner, Poisson(2.0)], [0.5, 0.5])
+    stats = model.accumulate(x)
+    resp = model.predict_proba(x)[:, 0]
+    assert np.all(resp[out] < 1e-300)  # clamped responsibilities, not exactly 0
+    within = inner.predict_proba(x[~out])
+    for k in range(2):
+        want = np.bincount(x[~out], weights=resp[~out] * within[:, k], minlength=3)
+        np.testing.assert_allclose(stats[f"0.{k}"][0], want, rtol=1e-12)
 
 
 # ---------------------------------------------------------------- the statistics accumulator
