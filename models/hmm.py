@@ -36,11 +36,20 @@ _TINY = 1e-300
 #: The scan runs when ``levels * (SCAN_LEVEL_STEPS + positions * K**3 / SCAN_UNITS_PER_STEP)``
 #: is below the loop's ``T`` steps (a level's fixed cost is about that of 3 loop steps, and
 #: a loop step that of about 2e4 multiply-adds of batched 4x4 products, measured on 2-core
-#: x86), and its matrices (``3 * positions * K**2`` floats) stay within ``SCAN_MAX_FLOATS``
-#: floats, a few MiB, within what ``cost`` counts as the block's working memory.
+#: x86), and what it holds beyond the loop (``scan_bytes_per_position(K)``, measured with
+#: tracemalloc: its matrices, their products and its index arrays) stays within
+#: ``SCAN_MAX_BYTES``: that is not per row, so it must fit in the fixed bytes every worker's
+#: plan keeps for a block's allocations that no row count scales
+#: (``planner.costing.WORKER_BASE_BYTES``, 256 KiB), beside the others.
 SCAN_LEVEL_STEPS = 3.0
 SCAN_UNITS_PER_STEP = 2e4
-SCAN_MAX_FLOATS = 1 << 16
+SCAN_MAX_BYTES = 128 * 1024
+
+
+def scan_bytes_per_position(k: int) -> int:
+    """Bytes the scan holds per position beyond the loop's (measured: 56, 192 and 784 for
+    K = 1, 2 and 4)."""
+    return 48 * k * k + 16
 
 
 class _Schedule:
@@ -78,7 +87,7 @@ class _Scan:
 def _scans(data: Ragged, k: int) -> bool:
     """Whether the block's forward-backward runs as a scan (module constants above)."""
     n = int(data.offsets[-1])
-    if n == 0 or 3 * n * k * k > SCAN_MAX_FLOATS:
+    if n == 0 or n * scan_bytes_per_position(k) > SCAN_MAX_BYTES:
         return False
     t_max = int(data.lengths.max())
     if t_max < 2:
