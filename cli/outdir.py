@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from emgrid.models.errors import ConfigError
+from emgrid.executors.warden import pid_alive
 
 LOCK = ".emgrid.lock"
 SCRATCH_PREFIX = ".emgrid-scratch-"
@@ -283,16 +284,6 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class OutputFolder:
     """A fit's output folder, locked by this process while it is open (see the module)."""
 
@@ -428,5 +419,5 @@ def _read_holder(fd: int) -> str:
     since = ""
     if len(text) > 2 and text[2].isdigit():
         since = f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(int(text[2])))}"
-    alive = "" if host != socket.gethostname() or _pid_alive(pid) else ", not running"
+    alive = "" if host != socket.gethostname() or pid_alive(pid) else ", not running"
     return f"pid {pid} on {host}{since}{alive}"

@@ -27,6 +27,7 @@ from emgrid.models.files import regular_file
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
 
 from . import tables
+from .warden import pid_alive
 
 LAYOUT = "layout.json"
 #: The name of every table dataset's scratch folder begins so: ``emgrid-table-<host>-<pid>-<tag>``.
@@ -35,16 +36,6 @@ SCRATCH_PREFIX = "emgrid-table-"
 
 def _host() -> str:
     return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_table_scratch(parent) -> list[Path]:
@@ -66,7 +57,7 @@ def sweep_table_scratch(parent) -> list[Path]:
             st = p.lstat()
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or _alive(int(parts[1])):
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or pid_alive(int(parts[1])):
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)

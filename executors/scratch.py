@@ -137,20 +137,8 @@ def set_parent_death_signal(sig: int, parent: int | None = None) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if parent is not None and not _alive(parent):  # it died before the signal was armed
+    if parent is not None and not warden.pid_alive(parent):  # it died before the signal was armed
         os._exit(128 + int(sig))
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (the fit; a forkserver worker's direct parent is the
-    forkserver, which ends when the fit does)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = ["Scratch", "sweep", "KINDS", "set_parent_death_signal"]

@@ -35,6 +35,17 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def alive(pid: int, started: str | None) -> bool:
     """Whether ``pid`` is the live process that started at ``started`` (any start when None)."""
     try:
