@@ -22,7 +22,7 @@ from typing import Protocol
 from emgrid.models import Node
 from emgrid.models.errors import FitError
 
-from .mstep import ColumnReport, Shards, join_columns, skeleton_payload, split_m_step
+from .mstep import ColumnReport, Shards, join_columns, skeleton_payload, skeleton_m_step
 
 from .protocol import FitJob
 from .result import FitResult
@@ -146,10 +146,10 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
         t_start = perf_counter() - bcast_s
         with _counted_as(offset + it, it, start):
             out = grid.e_step(offset + it)
-        split, ll, bad = join_columns(out.columns)
+        spanning, ll, bad = join_columns(out.columns)
         check_finite(bad, ll, it)
         t_m = perf_counter()
-        skeleton = split_m_step(skeleton, split, job.regularization)
+        skeleton = skeleton_m_step(skeleton, spanning, job.regularization)
         t_u = perf_counter()
         with _counted_as(offset + it, it, start):
             sent += grid.update(skeleton, skeleton_payload(skeleton))

@@ -48,7 +48,7 @@ class ColumnReport:
 
     shard: int
     loglik: float  # the column's, summed in the tree's order (zero but on the lead column)
-    split_stats: Stats  # the spanning nodes' statistics (the lead column's; empty elsewhere)
+    spanning_stats: Stats  # the spanning nodes' statistics (the lead column's; empty elsewhere)
     nonfinite: tuple[str, str] | None = None  # (path, node description) of the first non-finite statistics
     mstep_s: float = 0.0  # the head's estimate of its subtrees
     reduce_s: float = 0.0  # the head's wait for and summing of its column's shares
@@ -130,12 +130,12 @@ def join_columns(reports: Sequence[ColumnReport]) -> tuple[Stats, float, tuple[s
     """The columns' reports (by shard) to the spanning nodes' statistics, the total
     log-likelihood (in shard order) and the first non-finite node (the first path in
     :meth:`models.Stats.first_nonfinite`'s order, as a whole-model check would name it)."""
-    split: dict = {}
+    spanning: dict = {}
     for r in reports:
-        split.update(r.split_stats)
+        spanning.update(r.spanning_stats)
     bad = [r.nonfinite for r in reports if r.nonfinite is not None]
     first = min(bad) if bad else None
-    return Stats(split), sum_in_order(r.loglik for r in reports), first
+    return Stats(spanning), sum_in_order(r.loglik for r in reports), first
 
 
 @dataclass
@@ -171,12 +171,12 @@ class ShardPart:
         :meth:`apply`. Non-finite statistics are reported, not estimated."""
         t0 = perf_counter()
         spanning = frozenset(self.view.spanning)
-        split = Stats({p: v for p, v in stats.items() if p in spanning})
+        above = Stats({p: v for p, v in stats.items() if p in spanning})
         self.pending = None
         bad = stats.first_nonfinite()
         if bad is not None:
             node = self.part.node_at(bad)
-            return ColumnReport(self.shard, loglik, split, (bad, node.describe()), perf_counter() - t0)
+            return ColumnReport(self.shard, loglik, above, (bad, node.describe()), perf_counter() - t0)
         left = {p: v for p, v in stats.items() if p not in spanning}
         del stats
         if self.regularization:
@@ -195,7 +195,7 @@ class ShardPart:
         # a callback that gathers every iteration does not grow the set
         self.lent.intersection_update(id(n) for _, n in self.part.nodes())
         self.pending = pending
-        return ColumnReport(self.shard, loglik, split, None, perf_counter() - t0)
+        return ColumnReport(self.shard, loglik, above, None, perf_counter() - t0)
 
     def pending_payload(self) -> bytes:
         """The head's new subtrees as they go to the other workers of its column."""
@@ -218,9 +218,9 @@ class ShardPart:
         return roots
 
 
-def split_m_step(skeleton: Node, split: Stats, regularization: Regularization | None) -> Node:
+def skeleton_m_step(skeleton: Node, spanning: Stats, regularization: Regularization | None) -> Node:
     """The coordinator's M-step: the spanning nodes re-estimated, the stubs kept."""
-    return skeleton.estimate(regularize(skeleton, split, regularization))
+    return skeleton.estimate(regularize(skeleton, spanning, regularization))
 
 
 def skeleton_payload(skeleton: Node) -> bytes:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emgrid.executors import optimize
-from emgrid.executors.mstep import (ShardPart, Shards, estimate_releasing, join_columns, split_m_step, tree_role,
+from emgrid.executors.mstep import (ShardPart, Shards, estimate_releasing, join_columns, skeleton_m_step, tree_role,
                                     tree_rounds, tree_sum)
 from emgrid.models import Composite, FullGaussian, Gaussian, Mixture, ShardView, Stats
 from emgrid.models.errors import FitError
@@ -65,7 +65,7 @@ def test_the_shards_and_the_skeleton_estimate_the_whole_model_to_the_last_bit(mo
     split, _, bad = join_columns(reports)
     assert bad is None
     assert set(split) <= set(view.spanning)
-    assembled = view.assemble(split_m_step(skeleton, split, reg), owned)
+    assembled = view.assemble(skeleton_m_step(skeleton, split, reg), owned)
     assert same(assembled, whole)
 
 
