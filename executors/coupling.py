@@ -1,10 +1,8 @@
 """The coupling exchange's message: what one shard sends the other shards of its replica
 for one block, as one flat float64 array.
 
-``[status, n_1, ..., n_k, values_1, ..., values_k]``: ``status`` is :data:`OK` or
-:data:`FAILED` (the shard's step raised: the others stop their pass, and the error itself
-travels up the reduce), then the lengths and values of its ``k`` shard roots' per-row
-log densities, in the order of ``WorkerSpec.roots`` (every shard knows every other
+``[n_1, ..., n_k, values_1, ..., values_k]``: the lengths and values of its ``k`` shard
+roots' per-row log densities, in the order of ``WorkerSpec.roots`` (every shard knows every other
 shard's roots from the plan, so no names travel). A received message is unpacked
 into views of itself: nothing is copied, so a worker holds at most its own densities and
 one copy of everyone's, the two copies the plan counts (``planner.costing.COUPLING_COPIES``).
@@ -16,26 +14,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-OK, FAILED = 0.0, 1.0
-
-
 def message_length(mine: dict[str, np.ndarray]) -> int:
     """Float64 values of the message that carries ``mine``."""
-    return 1 + len(mine) + sum(v.size for v in mine.values())
+    return len(mine) + sum(v.size for v in mine.values())
 
 
 def pack_into(out: np.ndarray, mine: dict[str, np.ndarray], roots: Sequence[str]) -> np.ndarray:
     """Writes the message of ``mine`` (keys: ``roots``, in that order) into ``out``."""
     if list(mine) != list(roots):
         raise AssertionError(f"a shard sends its roots {list(roots)}, got {list(mine)}")
-    k = len(roots)
-    out[0] = OK
-    at = 1 + k
+    at = len(roots)
     for i, r in enumerate(roots):
         v = mine[r]
         if v.ndim != 1:
             raise AssertionError(f"the log density of {r!r} has shape {v.shape}, not one value per row")
-        out[1 + i] = v.size
+        out[i] = v.size
         out[at:at + v.size] = v
         at += v.size
     return out
@@ -46,35 +39,19 @@ def pack(mine: dict[str, np.ndarray], roots: Sequence[str]) -> np.ndarray:
     return pack_into(np.empty(message_length(mine)), mine, roots)
 
 
-#: Length of the message of a shard whose step raised: its status alone.
-FAILED_LENGTH = 1
-
-
-def mark_failed(out: np.ndarray) -> np.ndarray:
-    """Writes the message of a shard whose step raised into ``out`` (:data:`FAILED_LENGTH` values)."""
-    out[0] = FAILED
-    return out
-
-
-def unpack(message: np.ndarray, roots: Sequence[str]) -> dict[str, np.ndarray] | None:
-    """The shard roots' log densities in ``message`` (views of it), or None when the sender failed."""
-    if message[0] != OK:
-        return None
+def unpack(message: np.ndarray, roots: Sequence[str]) -> dict[str, np.ndarray]:
+    """The shard roots' log densities in ``message`` (views of it)."""
     k = len(roots)
-    lengths = message[1:1 + k].astype(np.int64)
-    ends = 1 + k + np.cumsum(lengths)
-    if len(message) != (ends[-1] if k else 1):
+    lengths = message[:k].astype(np.int64)
+    ends = k + np.cumsum(lengths)
+    if len(message) != (ends[-1] if k else 0):
         raise AssertionError(f"a coupling message of {len(message)} values does not hold {k} roots of {lengths.tolist()}")
     return {r: message[end - n:end] for r, n, end in zip(roots, lengths.tolist(), ends.tolist())}
 
 
-def merge(messages: Sequence[np.ndarray], roots_by_shard: Sequence[Sequence[str]]) -> dict[str, np.ndarray] | None:
-    """Every shard root's log density from every shard's message (in shard order), or None
-    when some shard failed."""
+def merge(messages: Sequence[np.ndarray], roots_by_shard: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """Every shard root's log density from every shard's message (in shard order)."""
     every: dict[str, np.ndarray] = {}
     for message, roots in zip(messages, roots_by_shard):
-        part = unpack(message, roots)
-        if part is None:
-            return None
-        every.update(part)
+        every.update(unpack(message, roots))
     return every

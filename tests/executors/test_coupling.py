@@ -34,15 +34,6 @@ def test_every_shards_densities_arrive_bit_for_bit_as_views_of_the_messages(shar
             assert every[r].base is message or every[r].base is message.base
 
 
-@given(parts, st.data())
-def test_one_failed_shard_makes_the_merge_say_so(shards, draw):
-    by_shard = roots(shards)
-    messages = [coupling.pack(dict(zip(names, arrs)), names) for names, arrs in zip(by_shard, shards)]
-    bad = draw.draw(st.integers(0, len(shards) - 1))
-    messages[bad] = coupling.mark_failed(np.empty(coupling.FAILED_LENGTH))
-    assert coupling.merge(messages, by_shard) is None
-
-
 def test_a_message_that_does_not_match_its_roots_is_a_bug_not_data():
     with pytest.raises(AssertionError, match="sends its roots"):
         coupling.pack({"b": np.zeros(2), "a": np.zeros(2)}, ["a", "b"])
