@@ -342,10 +342,12 @@ class DiagGaussian(Leaf):
         r2 = float(F[d : 2 * d].sum(axis=0).max()) if F.shape[1] else 0.0  # squares are rows d..2d
         if _is_accurate(r2, p, F.shape[0]):
             return matmul_cols(offset_matrix(p.P, 2 * d, offsets), F)
-        # the direct form sum(prec * (xc - mc)^2), one component at a time
+        # the direct form sum(prec * (xc - mc)^2), one component at a time, in one (d, n)
+        # buffer (``batch_cost``'s scratch): a new ``F[:d] - mc`` per component held two at once
         out = np.empty((p.P.shape[0], F.shape[1]))
+        t = np.empty((d, F.shape[1]))
         for k in range(out.shape[0]):
-            t = F[:d] - p.mc[k][:, None]
+            np.subtract(F[:d], p.mc[k][:, None], out=t)
             np.multiply(t, t, out=t)
             np.matmul(p.whiten[k], t, out=out[k])
         out += p.const[:, None]

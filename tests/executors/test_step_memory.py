@@ -1,6 +1,16 @@
 """A worker's E-step holds one block at a time: running many blocks of a model-parallel
-worker traces no more memory than running one (nothing of a block outlives it), which is
-what the plan's memory model counts (``planner.costing``: one block of working arrays).
+worker traces no more memory than running the largest of them alone (nothing of a block
+outlives it), which is what the plan's memory model counts (``planner.costing``: one block
+of working arrays).
+
+Blocks of one worker need not cost the same: what a block allocates follows its rows (an
+HMM block's positions and longest sequence, which decide its arrays and whether it scans;
+a leaf's rows outside its support, found per block; a Gaussian batch whose expanded form
+would round too far). So the reference is every block run alone, the largest of them, not
+the first: against the first block, a later block that is merely larger read as a block
+outliving itself. Whether a block's own working arrays are what the plan predicts is
+``tests/planner/test_memory_oracle.py``'s question (``tests/models/test_costs.py`` for a
+tree held whole).
 
 Numpy's allocations are traced with ``tracemalloc``; the other shard's messages are
 computed beforehand and arrive as ``executors.coupling``'s messages, as the executors move them."""
@@ -73,11 +83,11 @@ def test_a_model_parallel_worker_holds_one_block_however_many_it_runs(split, see
     n = 3 * BLOCK
     data = m.prepare(m.sample(n, np.random.default_rng(seed)))
     specs = [replace(spec, block_rows=BLOCK) for spec in grid_layout(m, grid_plan(m, n, 1, 2, shard_of))[0]]
-    one = take_rows(data, 0, BLOCK)
+    blocks = [take_rows(data, a, a + BLOCK) for a in range(0, n, BLOCK)]
+    alone_specs = [replace(x, stop=x.start + BLOCK) for x in specs]
     for s in (0, 1):
-        one_spec = replace(specs[s], stop=specs[s].start + BLOCK)
-        single = traced_peak(m, one, one_spec, other_shard_messages(m, one, [replace(x, stop=x.start + BLOCK)
-                                                                           for x in specs], s))
+        # each block alone, as the only block of the worker (see the module docstring)
+        alone = [traced_peak(m, one, alone_specs[s], other_shard_messages(m, one, alone_specs, s)) for one in blocks]
         many = traced_peak(m, data, specs[s], other_shard_messages(m, data, specs, s))
-        note(f"shard {s}: one block {single}, three blocks {many}")
-        assert many <= 1.1 * single + SLACK_BYTES
+        note(f"shard {s}: each block alone {alone}, three blocks {many}")
+        assert many <= 1.1 * max(alone) + SLACK_BYTES
