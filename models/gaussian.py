@@ -343,7 +343,8 @@ class DiagGaussian(Leaf):
         if _is_accurate(r2, p, F.shape[0]):
             return matmul_cols(offset_matrix(p.P, 2 * d, offsets), F)
         # the direct form sum(prec * (xc - mc)^2), one component at a time, in one (d, n)
-        # buffer (``batch_cost``'s scratch): a new ``F[:d] - mc`` per component held two at once
+        # buffer (a new ``F[:d] - mc`` per component held two at once); ``batch_cost`` counts
+        # no scratch for it, the expanded form's block having none (this form is the rare one)
         out = np.empty((p.P.shape[0], F.shape[1]))
         t = np.empty((d, F.shape[1]))
         for k in range(out.shape[0]):
