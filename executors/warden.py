@@ -48,12 +48,8 @@ def pid_alive(pid: int) -> bool:
 
 def alive(pid: int, started: str | None) -> bool:
     """Whether ``pid`` is the live process that started at ``started`` (any start when None)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     now = start_time(pid)
     if now is None:
         return sys.platform != "linux"
