@@ -59,11 +59,15 @@ def worker_counts(configured: int, cores: int, blas_threads: int | None) -> tupl
 
 
 def installed_engines() -> list[str]:
-    """The cluster engines whose executor can run here (``emgrid[dask]``, ``emgrid[ray]``):
-    each is measured on a local cluster it starts for the measurement."""
+    """The cluster engines whose executor can run here (``emgrid[dask]``, ``emgrid[ray]``,
+    ``emgrid[spark]`` with a Java runtime): each is measured on a local cluster it starts for
+    the measurement."""
     import importlib.util
+    import shutil
 
-    return [kind for kind, module in (("dask", "distributed"), ("ray", "ray")) if importlib.util.find_spec(module)]
+    found = [kind for kind, module in (("dask", "distributed"), ("ray", "ray"), ("spark", "pyspark"))
+             if importlib.util.find_spec(module)]
+    return [k for k in found if k != "spark" or shutil.which("java")]
 
 
 def executor_overhead(kind: str, workers: int, iterations: int = 30) -> float | None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from emgrid.models.columns import encode_values
 from emgrid.models.errors import DataError
-from emgrid.models.tables import as_table, assemble, column_tree, group_offsets, needed_columns, read_columns
+from emgrid.models.tables import as_table, assemble, column_tree, group_offsets, needed_columns, read_columns, value_lists
 
 #: how many row numbers a message shows per problem
 SHOWN_ROWS = 5
@@ -188,7 +188,7 @@ def read_scorable(model, source, where: str, *, sequence_id: str | None = None, 
             where = f"{where} (positions of {n_data} sequences)"
         raise DataError(problems_message(where, problems, int(bad_table.sum()), n))
     raw = {name: _filled(model, reads, name, x, bad_table) for name, (x, _) in cols.items()}
-    data = assemble(model, tree, raw, offsets)
+    data = assemble(value_lists(model, tree), tree, raw, offsets)
     return Scorable(data=data, bad=bad if bad.any() else None, problems=problems, n_rows=n_data)
 
 

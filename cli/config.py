@@ -5,8 +5,8 @@
                      # (a template, with parameters left out, is filled from the data)
 [data]               # paths = ["x.npz"] | path = "x.npy" | synthetic = 10000 (sampled from `truth`, default the model)
                      # path = "x.parquet" | "x.csv" (columns by name; drop_missing, sequence_id)
-[resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi" | "dask" | "ray"
-[executor]           # kind = "local" | "multiprocessing" | "mpi", processes = 2 (as [resources] workers),
+[resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi" | "dask" | "ray" | "spark"
+[executor]           # kind = "local" | "multiprocessing" | "mpi" | "dask" | "ray" | "spark" (master = "local[2]"), processes = 2 (as [resources] workers),
                      # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
                      # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
@@ -78,7 +78,7 @@ class ResourcesSection(_Strict):
     latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     #: read the workers from this machine, the MPI job, or the Dask/Ray cluster of ``[executor]``
-    detect: Literal["local", "mpi", "dask", "ray"] | None = None
+    detect: Literal["local", "mpi", "dask", "ray", "spark"] | None = None
     file: str | None = None
 
     @field_validator("memory", mode="before")
@@ -88,10 +88,13 @@ class ResourcesSection(_Strict):
 
 
 class ExecutorSection(_Strict):
-    kind: Literal["local", "multiprocessing", "mpi", "dask", "ray"] = "local"
+    kind: Literal["local", "multiprocessing", "mpi", "dask", "ray", "spark"] = "local"
     #: the cluster of the dask or ray executor (a scheduler address, ``"auto"`` or
     #: ``"ray://host:port"``); none: a local cluster started for the run and closed after
     address: str | None = None
+    #: the Spark master of the spark executor's session, started for the run and stopped
+    #: after (default ``"local[2]"``)
+    master: str | None = None
     #: worker count, another name for ``[resources] workers`` (both given: they must agree)
     processes: int | None = Field(default=None, ge=1)
     #: seconds a worker may take to reach the end of an iteration before the fit stops
@@ -115,15 +118,19 @@ class ExecutorSection(_Strict):
             options["timeout_s"] = self.timeout_s
         if self.address is not None:
             options["address"] = self.address
+        if self.master is not None:
+            options["master"] = self.master
         return options
 
     @model_validator(mode="after")
     def _timeout_needs_workers(self):
         if self.timeout_s is not None and self.kind == "local":
             raise ValueError(f"timeout_s={self.timeout_s} applies to the executors with workers to wait for "
-                             "(multiprocessing, mpi, dask, ray), not local")
+                             "(multiprocessing, mpi, dask, ray, spark), not local")
         if self.address is not None and self.kind not in ("dask", "ray"):
             raise ValueError(f"address={self.address!r} applies to the dask and ray executors, not {self.kind}")
+        if self.master is not None and self.kind != "spark":
+            raise ValueError(f"master={self.master!r} applies to the spark executor, not {self.kind}")
         return self
 
 

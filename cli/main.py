@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--workers", type=int, help="plan for this many workers")
         sp.add_argument("--memory", help="memory per worker, e.g. 4GiB")
         sp.add_argument("--flops", type=float, help="FLOP/s per worker")
-        sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray"], help="override [executor] kind")
+        sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray", "spark"], help="override [executor] kind")
 
     sp = sub.add_parser("plan", help="print the balance plan for a config")
     overrides(sp)
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="run a built-in heterogeneous example end to end")
     sp.add_argument("--rows", type=int, default=20000)
-    sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray"], default="local")
+    sp.add_argument("--executor", choices=["local", "multiprocessing", "mpi", "dask", "ray", "spark"], default="local")
     sp.add_argument("--quiet", action="store_true")
     add_predict_parser(sub)
     return p

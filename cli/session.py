@@ -186,14 +186,14 @@ def build_resources(cfg: RunConfig):
 
 
 def _cluster_resources(cfg: RunConfig, engine: str):
-    """The workers of the ``[executor]``'s Dask or Ray cluster as that engine reports them."""
+    """The workers of the ``[executor]``'s Dask, Ray or Spark cluster as that engine reports them."""
     from emgrid.executors import get
 
     if cfg.executor.kind != engine:
         raise ConfigError(f"[resources] detect = {engine!r} needs [executor] kind = {engine!r}, "
                           f"got {cfg.executor.kind!r}")
-    address = {} if cfg.executor.address is None else {"address": cfg.executor.address}
-    return get(engine, **address).default_resources()
+    options = {k: v for k, v in cfg.executor.executor_options().items() if k in ("address", "master")}
+    return get(engine, **options).default_resources()
 
 
 def _config_resources(cfg: RunConfig):
@@ -206,7 +206,7 @@ def _config_resources(cfg: RunConfig):
         return Resources.from_file(cfg.resolve(r.file))
     if r.detect == "mpi":
         return Resources.from_mpi(flops_per_s=flops)
-    if r.detect in ("dask", "ray"):
+    if r.detect in ("dask", "ray", "spark"):
         return _cluster_resources(cfg, r.detect)
     workers = r.workers or cfg.executor.processes
     if r.detect == "local" or (workers is None and r.memory is None):

@@ -1,4 +1,4 @@
-"""What the cluster engines' executors (Dask, Ray) share beyond the cell
+"""What the cluster engines' executors (Dask, Ray, Spark) share beyond the cell
 (:mod:`executors.cell`) and the coordinator's grid (:mod:`executors.cellgrid`): their optional
 imports, the testing hooks their cells need, the rows shipped to a cell.
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 
 from emgrid.models import Node
 from emgrid.models.data import Data
@@ -41,6 +42,14 @@ def import_extra(engine: str, package: str):
     except ImportError:
         raise MissingExtraError(f'the "{engine}" executor needs {package}, which is not installed: '
                                 f'pip install "emgrid[{engine}]"') from None
+
+
+def last_exception_line(report: str, otherwise: str) -> str:
+    """The ``Name: message`` line of the last exception in an engine's error report (a Ray
+    actor's, a Spark task's), or ``otherwise`` when it names none."""
+    lines = [ln.strip() for ln in report.splitlines() if re.match(r"^[A-Za-z_][\w.]*(: |$)", ln.strip())]
+    lines = [ln for ln in lines if not ln.startswith(("py4j.", "org.apache.", "java."))] or lines
+    return lines[-1] if lines else otherwise
 
 
 def shipped_rows(spec: WorkerSpec, model_part: Node, data: Data) -> Data:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from time import perf_counter
 
@@ -21,6 +22,7 @@ from emgrid.planner.resources import Resources
 from emgrid.planner.validate import validate_plan
 
 from .datafiles import NpyDataset, new_table_scratch
+from .spark_data import SparkFrame, is_spark_frame
 from .protocol import Callback, Executor, FitJob
 from .registry import get
 from .result import FitResult
@@ -65,7 +67,9 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       ``resources`` (default: what the executor has at hand, e.g. this machine's cores).
       A given plan is checked against the model and data, and against ``resources`` when
       they are given too; the executor refuses one it cannot realize before any work.
-    - ``executor``: ``"local"``, ``"multiprocessing"``, ``"mpi"`` or an executor instance.
+    - ``executor``: ``"local"``, ``"multiprocessing"``, ``"mpi"``, ``"dask"``, ``"ray"``,
+      ``"spark"`` or an executor instance. A Spark DataFrame (or a ``.parquet`` path with
+      ``"spark"``) is read where it lives by the Spark executor (``executors.spark_data``).
       Under ``mpiexec`` every rank calls ``optimize`` with the same arguments.
     - Stops when ``|ll_t - ll_{t-1}| <= tol * |ll_t|`` or after ``max_iter`` iterations;
       ``callback(iteration, log_likelihood, result_so_far)`` runs after each iteration of
@@ -100,27 +104,33 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
     reg = Regularization(reg_covar=reg_covar, pseudo_count=pseudo_count)
     reg = reg if reg.active else None
-    scratch = None
-    if is_table(data):
-        model = bind(model, data)
-        table = as_table(data)
-        if isinstance(table.source, (str, Path)) and not table.drop_missing:
-            scratch = new_table_scratch()  # named for this process: a run after a kill removes it
-    try:
-        if scratch is not None:
-            data = NpyDataset.from_table(table, model, scratch)
-        result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-                           previous_log_likelihood, gather, init_callback)
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with ex.opened() if hasattr(ex, "opened") else nullcontext():
+        if hasattr(ex, "adopt"):  # data the executor reads in its own form (a Spark DataFrame)
+            data, model = ex.adopt(data, model)
+        elif is_spark_frame(data):
+            raise ConfigError(f"a Spark DataFrame is fitted where it lives with executor='spark' (this executor is "
+                              f"{ex.name!r}); or bring it here first with df.toPandas()")
+        scratch = None
+        if is_table(data):
+            model = bind(model, data)
+            table = as_table(data)
+            if isinstance(table.source, (str, Path)) and not table.drop_missing:
+                scratch = new_table_scratch()  # named for this process: a run after a kill removes it
+        try:
+            if scratch is not None:
+                data = NpyDataset.from_table(table, model, scratch)
+            result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter,
+                               reg, previous_log_likelihood, gather, init_callback)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     warn_about(result, max_iter, tol)
     return result
 
 
 def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
               previous_log_likelihood, gather=None, init_callback=None):
-    if isinstance(data, NpyDataset):
+    if isinstance(data, (NpyDataset, SparkFrame)):
         prepared, n = data, data.n_rows
     else:
         prepared = model.prepare(data)
@@ -128,7 +138,8 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
     opened = None
     if model.is_template:  # a complete model's rows are opened by its workers only
         opened = prepared.open(lazy=True) if isinstance(prepared, NpyDataset) else prepared
-        model = complete_shapes(model, opened)
+        if not isinstance(prepared, SparkFrame):  # its shapes were completed when it was bound
+            model = complete_shapes(model, opened)
     check_init(model, init)
     if plan is None:
         plan = ex.make_plan(model, resources if resources is not None else ex.default_resources(), n)

@@ -5,13 +5,10 @@ pipes, and the parent is a :class:`executors.cellgrid.CellGrid` (the EM loop's s
 fault rule); only how bytes move is this module's:
 
 - the parent's calls go down one control pipe per worker, in order (so the model and the
-  updates are sent without waiting), and their answers come back up it; bytes-like
-  arguments (a shard's pickled part, a skeleton) travel as they are, after the call;
+  updates are sent without waiting), and their answers come back up it;
 - the cells exchange their messages (coupling, partial sums, a head's new subtrees) over
   one pipe per pair of cells that meet (the shards of a replica, the replicas of a
-  column); a reader thread per pipe delivers what arrives into the cell's mailbox, so a
-  sender never waits for its receiver's step, and a broken pipe aborts the cell naming
-  the peer it lost.
+  column), served as every connection-linked cell is (:mod:`executors.conn_cell`).
 
 Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
 run-tagged scratch folder when the caller gave arrays, :class:`executors.scratch.Scratch`,
@@ -42,7 +39,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from time import perf_counter
 from typing import ClassVar
 
@@ -50,11 +47,11 @@ from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError
 from emgrid.models.regularize import Regularization
 
-from .cell import Cell, PeerLost
-from .cellgrid import CellGrid, Died, Failed, GridExecutor, Lost, describe_error, join_raw, split_raw
+from .cell import Cell
+from .cellgrid import GridExecutor
+from .conns import ConnGrid, serve
 from .datafiles import NpyDataset
 from .memory import map_large_blocks
-from .mstep import tree_role
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch, set_parent_death_signal
@@ -71,72 +68,12 @@ def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control:
     parent = mp.parent_process()
     if parent is not None:
         set_parent_death_signal(signal.SIGKILL, parent.pid)
-    with limited(blas_threads):
-        _serve(spec, d, directory, model, control, links, regularization)
-
-
-def _serve(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
-           links: dict[tuple[int, int], Connection], regularization: Regularization | None) -> None:
-    try:
+    def make_cell():
         map_large_blocks()
-        cell = Cell(spec, model, directory, None)
-        del model  # each run's part comes with its broadcast
-        _PipeLink(cell, links, d)
-        control.send(("ok", None))
-        while True:
-            method, args = control.recv()
-            if method == "stop":
-                return
-            args = join_raw(args, iter(control.recv_bytes, None))
-            if method == "load":
-                cell.load(args[0], regularization)
-            elif method == "update":
-                cell.update(*args)
-            else:  # the calls the parent waits for
-                control.send(("ok", getattr(cell, method)(*args)))
-    except PeerLost as e:
-        _tell(control, ("lost", e.index))
-    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
-        return  # the parent went away
-    except BaseException as e:
-        _tell(control, ("error", describe_error(e)))
+        return Cell(spec, model, directory, None), links
 
-
-def _tell(control: Connection, message) -> None:
-    try:
-        control.send(message)
-    except OSError:
-        pass
-
-
-class _PipeLink:
-    """A cell's pipes to the cells it sends to: a reader thread per pipe delivers what
-    arrives (so a sender never waits for its receiver's step), and a broken pipe aborts the
-    cell naming the peer (:class:`executors.cell.PeerLost`)."""
-
-    def __init__(self, cell: Cell, pipes: dict[tuple[int, int], Connection], d: int):
-        self.cell, self.pipes = cell, pipes
-        self.m = cell.spec.view.n_shards
-        for target, conn in pipes.items():
-            threading.Thread(target=self._read, args=(target, conn), daemon=True,
-                             name=f"emgrid-{cell.spec.name}-from-{target[0]}x{target[1]}").start()
-        cell.connect(self.send, d)
-
-    def send(self, target: tuple[int, int], key: tuple, payload, extra) -> None:
-        conn = self.pipes[target]
-        try:
-            conn.send((key, extra))
-            conn.send_bytes(payload)
-        except OSError:
-            raise PeerLost(target[0] * self.m + target[1]) from None
-
-    def _read(self, target: tuple[int, int], conn: Connection) -> None:
-        try:
-            while True:
-                key, extra = conn.recv()
-                self.cell.deliver(key, conn.recv_bytes(), extra)
-        except (EOFError, OSError):
-            self.cell.abort(lost=target[0] * self.m + target[1])
+    with limited(blas_threads):
+        serve(make_cell, d, control, regularization)
 
 
 @contextmanager
@@ -167,10 +104,8 @@ def _main_hidden(model: Node):
                 main.__dict__[k] = v
 
 
-class ProcessGrid(CellGrid):
+class ProcessGrid(ConnGrid):
     """The parent's side: one control pipe per worker, the workers' sentinels to notice deaths."""
-
-    ordered = True  # a worker takes its pipe's calls in order
 
     def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -224,56 +159,8 @@ class ProcessGrid(CellGrid):
             return "stopped answering"
         return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
-    def call(self, i: int, method: str, *args) -> None:
-        marked, bodies = split_raw(args)
-        try:
-            self.conns[i].send((method, marked))
-            for body in bodies:
-                self.conns[i].send_bytes(body)
-        except OSError:
-            pass  # the worker is gone: the next answers awaited name it (its sentinel)
-
-    def poll(self, calls: dict[int, object], wait_s: float, when: str) -> list[tuple[int, object]]:
-        conns = {self.conns[i]: i for i in calls}
-        sentinels = {self.procs[i].sentinel: i for i in calls}
-        ready = wait([*conns, *sentinels], wait_s)
-        out: dict[int, object] = {}
-        for obj in ready:
-            i = conns.get(obj)
-            if i is not None:
-                try:
-                    kind, body = obj.recv()
-                except (EOFError, OSError):
-                    out[i] = Died(self.ended(i))
-                    continue
-                out[i] = Failed(*body) if kind == "error" else Lost(body) if kind == "lost" else body
-        for obj in ready:
-            i = sentinels.get(obj)
-            if i is not None and i not in out and not self.conns[i].poll():
-                out[i] = Died(self.ended(i))
-        return list(out.items())
-
-    def waits(self, cells: list[int]) -> dict[int, str]:
-        """Of the ``cells`` late, those that may only be waiting for their column: a cell
-        reports after the partial sums of its subtree of the column's reduce
-        (:func:`executors.mstep.tree_rounds`), so one with a late cell below it waits."""
-        d, m = self.shape
-        below = {r: set(tree_role(r, d)[0]) for r in range(d)}
-        changed = True
-        while changed:  # each replica's whole subtree
-            changed = False
-            for r in range(d):
-                deeper = set().union(*(below[c] for c in below[r])) - below[r]
-                if deeper:
-                    below[r] |= deeper
-                    changed = True
-        late = set(cells)
-        out = {}
-        for i in cells:
-            waited = sorted(r for r in below[i // m] if r * m + i % m in late)
-            if waited:
-                out[i] = f"waits for the partial sums of its column's replica(s) {waited}"
-        return out
+    def sentinel(self, i: int):
+        return self.procs[i].sentinel
 
     def fetch(self, shard: int) -> dict[str, Node]:
         if not self.procs or self.conns[shard].closed:

@@ -44,13 +44,12 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from typing import ClassVar
 
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, ray_slots
 
-from .actors import forwarded_env, import_extra, shipped_rows
+from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
 from .cell import Cell
 from .cellgrid import CellGrid, Died, Failed, GridExecutor, describe_error
 from .datafiles import NpyDataset
@@ -119,12 +118,6 @@ class RayCell(Cell):
 def _cause(e: BaseException) -> BaseException:
     """The cell's own exception inside a Ray task error."""
     return getattr(e, "cause", None) or e
-
-
-def _last_exception_line(report: str) -> str:
-    """The ``Name: message`` line of the exception at the end of a Ray error report."""
-    lines = [ln.strip() for ln in report.splitlines() if re.match(r"^[A-Za-z_][\w.]*(: |$)", ln)]
-    return lines[-1] if lines else "its actor's constructor raised"
 
 
 class RayGrid(CellGrid):
@@ -213,7 +206,7 @@ class RayGrid(CellGrid):
             except RayActorError as e:
                 report = getattr(e, "error_msg", None) or str(e)
                 if "creation task" in report:  # its constructor raised: opening its rows, say
-                    out.append((i, Failed(_last_exception_line(report), f"Ray's report:\n{report}")))
+                    out.append((i, Failed(last_exception_line(report, "its actor's constructor raised"), f"Ray's report:\n{report}")))
                 else:
                     out.append((i, Died("died", f"Ray: {type(e).__name__}", f"Ray's report:\n{report.rstrip()}")))
             except (RayTaskError, GetTimeoutError, RayError) as e:

@@ -1,4 +1,4 @@
-"""Executors by name: ``get("local" | "multiprocessing" | "mpi" | "dask" | "ray", **options)``."""
+"""Executors by name: ``get("local" | "multiprocessing" | "mpi" | "dask" | "ray" | "spark", **options)``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _REGISTRY: dict[str, str] = {
     "mpi": "emgrid.executors.mpi:MpiExecutor",
     "dask": "emgrid.executors.dask_grid:DaskExecutor",
     "ray": "emgrid.executors.ray_grid:RayExecutor",
+    "spark": "emgrid.executors.spark_grid:SparkExecutor",
 }
 
 

@@ -188,12 +188,15 @@ def sample_rows(data: Data, index: np.ndarray) -> Data:
 # ---------------------------------------------------------------- values
 def initialize(model: Node, data: Data, n_data: int, *, seed: int, start: int = 0, init: str = "auto") -> Node:
     """Start ``start`` of a seeded initialization: ``model`` (shapes complete) with every
-    unset parameter filled from a sample of ``data``; a complete model is returned as is."""
+    unset parameter filled from a sample of ``data``; a complete model is returned as is.
+    Data held elsewhere (a Spark DataFrame's rows) give the sample's rows by their global
+    indices through their ``rows_at(index)``, so every executor seeds from the same rows."""
     check_init(model, init)
     if not model.is_template:
         return model
     rng = np.random.default_rng([seed, start])
-    rows = sample_rows(data, sample_index(model, n_data, rng))
+    index = sample_index(model, n_data, rng)
+    rows = data.rows_at(index) if hasattr(data, "rows_at") else sample_rows(data, index)
     return _fill(model, rows, np.ones(n_rows(rows)), rng, init, "")
 
 

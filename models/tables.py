@@ -374,21 +374,26 @@ def read_file(path: Path, names: list[str] | None = None):
 
 
 # ---------------------------------------------------------------- the model and its data
-def bind(model: "Node", data) -> "Node":
+def bind(model: "Node", data, columns: list[tuple[str, bool]] | None = None, distinct=None) -> "Node":
     """``model`` bound to the table ``data``: every leaf naming its columns by a pattern
     gets the table's columns it matches (:func:`resolve_patterns`), and every
     ``value_coded`` leaf that reads a column and has no value list is bound to the column's
-    distinct values, sorted (``Leaf._bind_values``; only those columns are read)."""
+    distinct values, sorted (``Leaf._bind_values``; only those columns are read).
+
+    A table read where it lives (a Spark DataFrame) gives its ``columns`` (as
+    :func:`table_columns`) and ``distinct(name)``, a column's distinct non-missing values."""
     table = as_table(data)
-    model = resolve_patterns(model, table)
+    model = resolve_patterns(model, table, columns)
     _, reads = column_tree(model, table.sequence_id)
     todo = {p: c for p, c in reads.items() if c.kind == "cat" and model.node_at(p).values is None}
     if not todo:
         return model
-    cols = read_columns(table.source, sorted({c.names[0] for c in todo.values()}))
-    found = {}
-    for name, (x, miss) in cols.items():
-        found[name] = value_list(x if miss is None else x[~miss], f"column {name!r}")
+    names = sorted({c.names[0] for c in todo.values()})
+    if distinct is None:
+        cols = read_columns(table.source, names)
+        found = {name: value_list(x if miss is None else x[~miss], f"column {name!r}") for name, (x, miss) in cols.items()}
+    else:
+        found = {name: value_list(distinct(name), f"column {name!r}") for name in names}
     new = {}
     for p, c in todo.items():
         leaf = model.node_at(p)
@@ -396,17 +401,19 @@ def bind(model: "Node", data) -> "Node":
     return replace_nodes(model, new)
 
 
-def resolve_patterns(model: "Node", table: Table) -> "Node":
+def resolve_patterns(model: "Node", table: Table, columns: list[tuple[str, bool]] | None = None) -> "Node":
     """``model`` with every leaf's pattern of ``columns`` replaced by the names it matches
     among the table's numeric columns, in the table's order: ``"*"`` every one, a glob
     (``fnmatch``: ``"mean_*"``) those it matches; columns other leaves name and the
-    ``sequence_id`` column are left out. The leaf's dimension becomes their number."""
+    ``sequence_id`` column are left out. The leaf's dimension becomes their number.
+    ``columns``: the table's ``(name, numeric)`` when it is not read here (default:
+    :func:`table_columns` of its source)."""
     patterns: dict[str, str] = {}
     tree, _ = column_tree(model, table.sequence_id, patterns)
     if not patterns:
         return model
     taken = set(needed_columns(tree)) | ({table.sequence_id} if table.sequence_id else set())
-    columns = table_columns(table.source)
+    columns = table_columns(table.source) if columns is None else columns
     numeric = [n for n, is_number in columns if is_number and n not in taken]
     new = {}
     for path, pattern in patterns.items():
@@ -492,7 +499,7 @@ def read_table(model: "Node", data) -> Data:
     offsets = None
     if table.sequence_id is not None:
         offsets = group_offsets(cols[table.sequence_id][0], table.sequence_id)
-    return assemble(model, tree, {n: x for n, (x, _) in cols.items()}, offsets)
+    return assemble(value_lists(model, tree), tree, {n: x for n, (x, _) in cols.items()}, offsets)
 
 
 def missing_rows(cols: dict, drop: bool, first_row: int = 0) -> np.ndarray | None:
@@ -536,17 +543,35 @@ def group_offsets(ids: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
     return np.concatenate([starts, [n]]).astype(np.int64)
 
 
-def assemble(model: "Node", tree, cols: dict[str, np.ndarray], offsets: np.ndarray | None) -> Data:
-    """The model's data from raw columns by name, as :func:`column_tree` lays it out."""
+def value_lists(model: "Node", tree) -> dict[str, tuple | None]:
+    """The value list of every categorical column's leaf in ``tree``, by path (None: the
+    column holds the codes): what :func:`assemble` encodes with."""
+    out: dict[str, tuple | None] = {}
+
+    def visit(t):
+        if isinstance(t, Col):
+            if t.kind == "cat":
+                out[t.path] = model.node_at(t.path).values
+        elif isinstance(t, Seq):
+            visit(t.values)
+        else:
+            for c in t:
+                visit(c)
+
+    visit(tree)
+    return out
+
+
+def assemble(values: dict[str, tuple | None], tree, cols: dict[str, np.ndarray], offsets: np.ndarray | None) -> Data:
+    """The model's data from raw columns by name, as :func:`column_tree` lays it out, each
+    categorical column encoded under its leaf's value list (``values``, :func:`value_lists`)."""
     if isinstance(tree, Col):
         if tree.kind == "vec":
             return np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in tree.names])
         x = cols[tree.names[0]]
-        if tree.kind == "cat":  # a value_coded leaf: its codes under its value list
-            leaf = model.node_at(tree.path)
-            if leaf.values is not None:
-                return encode_values(x, leaf.values, f"column {tree.names[0]!r}")
+        if tree.kind == "cat" and values.get(tree.path) is not None:  # a value_coded leaf: its codes
+            return encode_values(x, values[tree.path], f"column {tree.names[0]!r}")
         return x
     if isinstance(tree, Seq):
-        return Ragged(assemble(model, tree.values, cols, None), offsets)
-    return tuple(assemble(model, t, cols, offsets) for t in tree)
+        return Ragged(assemble(values, tree.values, cols, None), offsets)
+    return tuple(assemble(values, t, cols, offsets) for t in tree)

@@ -177,6 +177,9 @@ DASK_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
 #: Ray actors on one machine: remote calls through the raylet (8-13 ms per iteration beyond
 #: ``local`` in the same runs as Dask's); the same estimate.
 RAY_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
+#: Spark barrier tasks: authenticated TCP sockets task to task and to the driver
+#: (``executors.spark_grid``); on one machine, loopback.
+SPARK_TASKS = Network(latency_s=300e-6, bytes_per_s=2e9)
 
 
 def dask_slots(workers: dict) -> list[tuple[str, str, int | None]]:
@@ -241,5 +244,50 @@ def _from_ray(cls, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
                network=RAY_ACTORS)
 
 
+def spark_slots(sc) -> int:
+    """How many tasks a SparkContext runs at once: what one barrier stage may ask for."""
+    cpus = int(sc.getConf().get("spark.task.cpus", "1") or 1)
+    return max(1, sc.defaultParallelism // max(1, cpus))
+
+
+def spark_bytes(text: str) -> int:
+    """A Spark memory setting ("2g", "512m", "1024": MiB) in bytes."""
+    t = text.strip().lower().removesuffix("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(float(t)) << 20
+
+
+def _from_spark(cls, session, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> "Resources":
+    """The task slots of a SparkSession's executors, one worker each, named ``host/k``,
+    with their share of the memory where the rows live: on a local master the machine's
+    available memory, else ``spark.executor.pyspark.memory`` (the Python workers' limit;
+    unknown when unset)."""
+    sc = session.sparkContext
+    conf = sc.getConf()
+    slots = spark_slots(sc)
+    status = sc._jsc.sc().getExecutorMemoryStatus()
+    keys, it = [], status.keysIterator()
+    while it.hasNext():
+        keys.append(str(it.next()).rsplit(":", 1)[0])
+    local = sc.master.startswith("local")
+    hosts = sorted(keys) or ["localhost"]
+    if not local and len(hosts) > 1:  # the driver is listed too, and runs no tasks
+        hosts = [h for h in hosts if h != conf.get("spark.driver.host")] or hosts
+    per_host = max(1, -(-slots // len(hosts)))
+    if local:
+        mem = available_memory_bytes()
+        share = None if mem is None else mem // slots
+    else:
+        py = conf.get("spark.executor.pyspark.memory")
+        cores = int(conf.get("spark.executor.cores", str(per_host)) or per_host)
+        share = spark_bytes(py) // max(1, cores) if py else None
+    workers = [Worker(name=f"{h}/{k}", memory_bytes=share, flops_per_s=flops_per_s)
+               for h in hosts for k in range(per_host)][:slots]
+    return cls(workers=tuple(workers), network=SPARK_TASKS)
+
+
 Resources.from_dask = classmethod(_from_dask)
+Resources.from_spark = classmethod(_from_spark)
 Resources.from_ray = classmethod(_from_ray)

@@ -1,0 +1,160 @@
+"""Grid cells reached over :mod:`multiprocessing.connection` connections, both sides: what
+the multiprocessing executor (pipes) and the Spark executor (TCP sockets between barrier
+tasks) share; only how the connections are made differs.
+
+The worker side (:func:`serve`, :class:`ConnLink`):
+
+- **control**: one connection to the coordinator, whose calls arrive on it in order and
+  whose awaited answers go back up it; bytes-like arguments (a shard's pickled part, a
+  skeleton) travel as they are, after the call (:func:`executors.cellgrid.split_raw`);
+- **links**: one connection per cell this one sends to (:meth:`executors.cell.Cell.targets`),
+  each read by a thread that delivers what arrives into the cell's mailbox, so that a sender
+  never waits for its receiver's step; a broken link aborts the cell naming the peer
+  (:class:`executors.cell.PeerLost`).
+
+The coordinator's side (:class:`ConnGrid`): calls go down each cell's control connection in
+order, so the model and the updates are sent without waiting; a cell's end is noticed by its
+connection's end of file or by a transport's *sentinel* (a process's, a job's).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+
+from emgrid.models.regularize import Regularization
+
+from .cell import Cell, PeerLost
+from .cellgrid import CellGrid, Died, Failed, Lost, describe_error, join_raw, split_raw
+from .mstep import tree_role
+
+
+def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]], d: int, control: Connection,
+          regularization: Regularization | None) -> None:
+    """Builds the cell and its links (``make_cell``: it opens its rows and returns the cell
+    and its connections to the cells it sends to, by ``(replica, shard)``), links it and
+    serves the coordinator's calls until told to stop; an error goes up the control
+    connection as ``("error", (summary, traceback))``, a lost peer as ``("lost", index)``."""
+    try:
+        cell, links = make_cell()
+        ConnLink(cell, links, d)
+        control.send(("ok", None))
+        while True:
+            method, args = control.recv()
+            if method == "stop":
+                return
+            args = join_raw(args, iter(control.recv_bytes, None))
+            if method == "load":
+                cell.load(args[0], regularization)
+            elif method == "update":
+                cell.update(*args)
+            else:  # the calls the coordinator waits for
+                control.send(("ok", getattr(cell, method)(*args)))
+    except PeerLost as e:
+        tell(control, ("lost", e.index))
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        return  # the coordinator went away
+    except BaseException as e:
+        tell(control, ("error", describe_error(e)))
+
+
+def tell(control: Connection, message) -> None:
+    """Sends ``message`` to the coordinator unless it is gone."""
+    try:
+        control.send(message)
+    except OSError:
+        pass
+
+
+class ConnLink:
+    """A cell's connections to the cells it sends to: a reader thread per connection
+    delivers what arrives, and a broken one aborts the cell naming the peer."""
+
+    def __init__(self, cell: Cell, conns: dict[tuple[int, int], Connection], d: int):
+        self.cell, self.conns = cell, conns
+        self.m = cell.spec.view.n_shards
+        for target, conn in conns.items():
+            threading.Thread(target=self._read, args=(target, conn), daemon=True,
+                             name=f"emgrid-{cell.spec.name}-from-{target[0]}x{target[1]}").start()
+        cell.connect(self.send, d)
+
+    def send(self, target: tuple[int, int], key: tuple, payload, extra) -> None:
+        conn = self.conns[target]
+        try:
+            conn.send((key, extra))
+            conn.send_bytes(payload)
+        except OSError:
+            raise PeerLost(target[0] * self.m + target[1]) from None
+
+    def _read(self, target: tuple[int, int], conn: Connection) -> None:
+        try:
+            while True:
+                key, extra = conn.recv()
+                self.cell.deliver(key, conn.recv_bytes(), extra)
+        except (EOFError, OSError):
+            self.cell.abort(lost=target[0] * self.m + target[1])
+
+
+class ConnGrid(CellGrid):
+    """The coordinator's side: ``conns[i]`` is cell ``i``'s control connection (grid order)."""
+
+    ordered = True  # a cell takes its connection's calls in order
+
+    conns: list[Connection]
+
+    def sentinel(self, i: int):
+        """What becomes ready when cell ``i`` ends beside its connection (a process's
+        sentinel), or None."""
+        return None
+
+    def call(self, i: int, method: str, *args) -> None:
+        marked, bodies = split_raw(args)
+        try:
+            self.conns[i].send((method, marked))
+            for body in bodies:
+                self.conns[i].send_bytes(body)
+        except OSError:
+            pass  # the worker is gone: the next answers awaited name it (its sentinel)
+
+    def poll(self, calls: dict[int, object], wait_s: float, when: str) -> list[tuple[int, object]]:
+        conns = {self.conns[i]: i for i in calls}
+        sentinels = [(self.sentinel(i), i) for i in calls]
+        ready = wait([*conns, *{s for s, _ in sentinels if s is not None}], wait_s)
+        out: dict[int, object] = {}
+        for obj in ready:
+            i = conns.get(obj)
+            if i is not None:
+                try:
+                    kind, body = obj.recv()
+                except (EOFError, OSError):
+                    out[i] = Died(self.ended(i))
+                    continue
+                out[i] = Failed(*body) if kind == "error" else Lost(body) if kind == "lost" else body
+        for obj, i in sentinels:
+            if obj is not None and obj in ready and i not in out and not self.conns[i].poll():
+                out[i] = Died(self.ended(i))
+        return list(out.items())
+
+    def waits(self, cells: list[int]) -> dict[int, str]:
+        """Of the ``cells`` late, those that may only be waiting for their column: a cell
+        reports after the partial sums of its subtree of the column's reduce
+        (:func:`executors.mstep.tree_rounds`), so one with a late cell below it waits."""
+        d, m = self.shape
+        below = {r: set(tree_role(r, d)[0]) for r in range(d)}
+        changed = True
+        while changed:  # each replica's whole subtree
+            changed = False
+            for r in range(d):
+                deeper = set().union(*(below[c] for c in below[r])) - below[r]
+                if deeper:
+                    below[r] |= deeper
+                    changed = True
+        late = set(cells)
+        out = {}
+        for i in cells:
+            waited = sorted(r for r in below[i // m] if r * m + i % m in late)
+            if waited:
+                out[i] = f"waits for the partial sums of its column's replica(s) {waited}"
+        return out
+
