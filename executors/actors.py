@@ -46,10 +46,13 @@ def import_extra(engine: str, package: str):
 
 def last_exception_line(report: str, otherwise: str) -> str:
     """The ``Name: message`` line of the last exception in an engine's error report (a Ray
-    actor's, a Spark task's), or ``otherwise`` when it names none."""
+    actor's, a Spark task's), or ``otherwise`` when it names none: a line naming an error or
+    exception class first, a JVM's own lines last."""
     lines = [ln.strip() for ln in report.splitlines() if re.match(r"^[A-Za-z_][\w.]*(: |$)", ln.strip())]
-    lines = [ln for ln in lines if not ln.startswith(("py4j.", "org.apache.", "java."))] or lines
-    return lines[-1] if lines else otherwise
+    python = [ln for ln in lines if not ln.startswith(("py4j.", "org.apache.", "java.", "scala."))]
+    named = [ln for ln in python if re.match(r"^[\w.]*(Error|Exception|Fault|Exit|Interrupt)(: |$)", ln)]
+    found = named or python or lines
+    return found[-1] if found else otherwise
 
 
 def shipped_rows(spec: WorkerSpec, model_part: Node, data: Data) -> Data:

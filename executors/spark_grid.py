@@ -85,7 +85,7 @@ def start_session(master: str):
     # context starts: this interpreter, which has emgrid
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(master).appName("emgrid")
-               .config("spark.ui.enabled", "false"))
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     session = builder.getOrCreate()
@@ -300,7 +300,12 @@ class SparkGrid(ConnGrid):
         """The stage's error in one line: the Python exception a task raised, if any."""
         if self.error is None:
             return "its Spark stage ended"
-        return "Spark: " + last_exception_line(str(self.error), describe_error(self.error)[0])[:500]
+        line = last_exception_line(str(self.error), describe_error(self.error)[0])[:500]
+        if "No module named 'emgrid'" in line:
+            line += (f"; Spark's Python workers run PYSPARK_PYTHON ({os.environ.get('PYSPARK_PYTHON', 'python3')}), "
+                     "which has no emgrid: set PYSPARK_PYTHON to this interpreter before the session starts "
+                     f"({sys.executable}), or install emgrid where the executors run")
+        return "Spark: " + line
 
     @property
     def pids(self) -> list[int]:
