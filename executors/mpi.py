@@ -18,7 +18,12 @@ coordinator (whose own cell stops waiting when a failure arrives) raises the Fit
 the rank, its worker and the iteration, and sends it to every rank, which raise it too
 (ranks waiting for the failed one's messages among them). A rank that dies outright (killed,
 ``os._exit``) is torn down with the whole job by the process manager (``mpiexec``/hydra
-reports the dead process and exits non-zero): an MPI job cannot outlive a member.
+reports the dead process and exits non-zero): an MPI job cannot outlive a member. As the
+process manager does not always notice, a rank waiting also looks, every half second, at
+the processes of the other ranks on its host (:mod:`executors.mpi_link`); when one ended it
+raises ``FitError("worker ... died in iteration I")`` and aborts the job (``MPI_Abort`` with
+:data:`ABORT_STATUS`) when its process exits. A rank on another host is not looked at: its
+death ends the job by the process manager, or by ``timeout_s``.
 
 Stopping. A callback that raises KeyboardInterrupt on the coordinator (``emgrid fit`` does
 when its launcher was interrupted) stops the fit between iterations: the coordinator tells
@@ -62,8 +67,8 @@ from .cell import Cell
 from .cellgrid import RAW, CellGrid, Failed, GridExecutor, describe_error, join_raw, split_raw
 from .loop import fits_here, run_em
 from .memory import map_large_blocks
-from .mpi_link import (ABORT_STATUS, Deadline, Interrupted, MpiLink, NoAnswer, abort_job, no_answer,
-                       release_shared_memory_files)
+from .mpi_link import (ABORT_STATUS, Deadline, Interrupted, MpiLink, NoAnswer, PeerDied, abort_job, no_answer,
+                       release_shared_memory_files, this_host)
 from .mstep import Shards
 from .protocol import FitJob
 from .result import FitResult
@@ -127,7 +132,12 @@ class MpiGrid(CellGrid):
         self.link.post(rank, ("call", method, marked), bodies, wait=method == "load")  # one shard's part at a time
         return rank
 
+    def _each(self, method: str, args: tuple, when: str, cells: list[int] | None = None) -> None:
+        self.link.when = when  # what a death found in these calls' waits is said to be in
+        super()._each(method, args, when, cells)
+
     def collect(self, calls: dict, when: str, timeout_s: float | None) -> list:
+        self.link.when = when
         self.deadline = None if timeout_s is None else perf_counter() + timeout_s
         self.own_waits = {}
         try:
@@ -234,9 +244,9 @@ class MpiExecutor(GridExecutor):
     """One rank per worker under ``mpiexec``; ``comm`` defaults to ``MPI.COMM_WORLD``.
 
     ``timeout_s``, ``startup_timeout_s``, ``blas_threads``: as every grid executor's
-    (:class:`executors.cellgrid.GridExecutor`); without ``timeout_s`` the waits block, and a
-    rank that dies ends the job regardless. Every rank must pass the same timeouts (checked,
-    before any work).
+    (:class:`executors.cellgrid.GridExecutor`); without ``timeout_s`` the waits have no
+    deadline, and a rank that dies ends the job regardless (see the module). Every rank must
+    pass the same timeouts (checked, before any work).
     """
 
     name: ClassVar[str] = "mpi"
@@ -275,9 +285,9 @@ class MpiExecutor(GridExecutor):
 
     def _run(self, job: FitJob) -> FitResult:
         world = self.comm
-        # one transport on every rank (blocking and polled waits never match), and the pids
-        # that a timeout's message names
-        facts = world.allgather((self.timeout_s, self.startup_timeout_s, os.getpid()))
+        # one transport on every rank (blocking and polled waits never match), the pids that
+        # a message names, and the hosts: a wait looks at the processes of its host's ranks
+        facts = world.allgather((self.timeout_s, self.startup_timeout_s, os.getpid(), this_host()))
         if any(f[:2] != facts[0][:2] for f in facts):
             raise ConfigError("every MPI rank must pass the same timeout_s and startup_timeout_s; got "
                               + ", ".join(f"rank {r}: {f[0]!r}, {f[1]!r}" for r, f in enumerate(facts)))
@@ -287,11 +297,12 @@ class MpiExecutor(GridExecutor):
         layout = grid_layout(job.model, job.plan)
         ranks = rank_map(job.plan, world.Get_size())
         me = world.Get_rank()
+        peers = {r: f[2] for r, f in enumerate(facts) if r != me and f[3] == facts[me][3]}
         index = {rank: i for i, rank in enumerate(ranks[(s.replica, s.shard)] for row in layout for s in row)}
         specs = {rank: layout[r][s] for (r, s), rank in ranks.items()}
         pids = [f[2] for f in facts]
         who = [_describe(r, specs.get(r), pids[r]) for r in range(world.Get_size())]
-        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, self.startup_timeout_s)
+        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, self.startup_timeout_s, peers)
         try:
             link.arm("while starting", self.startup_timeout_s)
             cell = None
@@ -331,8 +342,8 @@ class MpiExecutor(GridExecutor):
             job = replace(job, callback=guarded)
         try:
             result = run_em(grid, job, self.name)
-        except NoAnswer:
-            raise  # every rank that answers was told; a rank that hangs cannot be
+        except (NoAnswer, PeerDied):
+            raise  # every rank that answers was told, or the job ends: a hung or dead rank cannot hear
         except KeyboardInterrupt:
             if not stopped:  # mid-iteration: the other ranks wait for each other
                 abort_job(world)

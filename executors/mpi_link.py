@@ -18,6 +18,13 @@ coordinator answers), tells those that do, and aborts the job (``MPI_Abort`` wit
 :data:`ABORT_STATUS`) when its process exits, after the caller has handled the error (a
 checkpoint, say): the hung rank could not be stopped otherwise. The coordinator's own
 deadline is its collect's (:mod:`executors.cellgrid`): its link raises :class:`Deadline`.
+
+Dead peers. MPICH does not always notice that a peer died, nor does the process manager always
+end the job, and a wait without ``timeout_s`` would then last forever. So a wait, in its pauses
+(never in its first :data:`_SPIN_S`), looks every :data:`PEER_CHECK_S` whether the processes of
+the other ranks on its host still live (:meth:`MpiLink._look`); when one ended, it raises
+:class:`PeerDied` naming that rank and aborts the job (``MPI_Abort`` with :data:`ABORT_STATUS`)
+when its process exits, as for a hung rank. Ranks on other hosts are not looked at.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import socket
 import sys
 import time
 import traceback
@@ -35,6 +43,7 @@ from emgrid.models.errors import FitError
 
 from .cellgrid import Failed, Lost
 from .step import PROTOCOL
+from .warden import pid_alive
 
 #: The status ``mpiexec`` exits with when the rank that named a hung rank aborts the job
 #: (``emgrid fit``'s exit code for a fit that failed while running).
@@ -51,11 +60,18 @@ _BUSY_S = 0.002
 ANSWER_GRACE_S = 1.0
 #: Seconds a rank that aborts the job waits for its last output to be forwarded first.
 ABORT_GRACE_S = 0.5
+#: Seconds between a waiting rank's looks at the processes of the other ranks on its host.
+PEER_CHECK_S = 0.5
 
 
 class NoAnswer(FitError):
     """A rank did not answer within the timeout; raised on the rank that found it and on every
     rank it told. The job ends when the rank that found it exits (it aborts the job then)."""
+
+
+class PeerDied(FitError):
+    """The process of a rank on this host ended while this rank waited; raised on the rank that
+    found it, which aborts the job when its process exits (the others end with it)."""
 
 
 class Deadline(Exception):
@@ -73,6 +89,29 @@ def fit_error(message: str, trace: str | None) -> FitError:
     if trace:
         err.add_note(trace.rstrip())
     return err
+
+
+def this_host() -> tuple[str, str]:
+    """What ranks whose pids can be looked at from one another share: the host's name and,
+    on Linux, the pid namespace (ranks in two containers of one host have pids of their own)."""
+    try:
+        space = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        space = ""
+    return socket.gethostname(), space
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` of this host ended: no such process, or a zombie, which
+    ``os.kill(pid, 0)`` still reaches (an ended process its parent has not reaped: a process
+    manager that missed the death has not reaped it either)."""
+    if not pid_alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[:1] in ([b"Z"], [b"X"])
+    except OSError:
+        return False  # no /proc here, or it ended just now: the next look tells
 
 
 _ABORT_REGISTERED = False
@@ -99,9 +138,11 @@ def abort_when_done(world) -> None:
 
 class MpiLink:
     """This rank's messages (see the module). ``who``: every rank as a message names it;
-    ``timeout_s``: None for blocking waits."""
+    ``timeout_s``: None for blocking waits; ``peers``: the pid of every other rank on this
+    host (:func:`this_host`), by rank, which its waits look at."""
 
-    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None, startup_timeout_s: float):
+    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None, startup_timeout_s: float,
+                 peers: dict[int, int] | None = None):
         from mpi4py import MPI
 
         self.MPI = MPI
@@ -124,6 +165,8 @@ class MpiLink:
         self.replies: dict[int, str] = {}
         self.rounds = 0
         self.waiting_since, self.nap = 0.0, _NAP_MIN_S
+        self.peers = dict(peers or {})
+        self.looked = perf_counter()  # when the waits last looked at the peers
 
     # ------------------------------------------------------------ sending
     def post(self, rank: int, header: tuple, bodies=(), wait: bool = False) -> None:
@@ -250,7 +293,8 @@ class MpiLink:
 
     def _idle(self, polls: int) -> None:
         """One pause of a pending wait (``polls`` counts them, from 1): yield the core while the
-        wait is short; then answer questions, judge once the deadline passed, and sleep."""
+        wait is short; then answer questions, judge once the deadline passed, look at the peers
+        every :data:`PEER_CHECK_S`, and sleep."""
         now = perf_counter()
         if polls == 1:
             self.waiting_since, self.nap = now, _NAP_MIN_S / 2
@@ -263,8 +307,24 @@ class MpiLink:
             if self.me == self.coordinator:
                 raise Deadline(self.cell.waits_for() if self.cell is not None else "")
             self._judge()
+        if self.peers and now - self.looked >= PEER_CHECK_S:
+            self._look(now)
         self.nap = min(_NAP_MAX_S, 2 * self.nap)
         time.sleep(self.nap)
+
+    def _look(self, now: float) -> None:
+        """Raises :class:`PeerDied` if the process of a rank on this host ended (one
+        ``os.kill(pid, 0)`` and one read of ``/proc/PID/stat`` per peer), and has the job
+        aborted when this process exits: the others wait for the dead rank too. A rank on
+        another host cannot be looked at (its pid means nothing here): a wait for it ends
+        by the process manager, or by ``timeout_s``."""
+        self.looked = now
+        for rank, pid in self.peers.items():
+            if ended(pid):
+                err = PeerDied(f"{self.who[rank]} died {self.when}")
+                err.add_note(f"found by {self.who[self.me]}, which {self.doing()}")
+                abort_when_done(self.world)
+                raise err
 
     def _judge(self) -> None:
         """This rank's deadline passed: ask every rank; name those that do not answer, or

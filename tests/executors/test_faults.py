@@ -6,7 +6,9 @@ runs under a deadline (SIGALRM in this process, ``timeout=`` for subprocesses), 
 fails the test instead of stalling the suite. The model runs in three row blocks, so a
 fault at ``block=1`` strikes between two coupling exchanges of a model-parallel replica.
 A hung MPI rank is found by the MPI executor's ``timeout_s`` (the timed transport), which
-names it and aborts the job; the hang itself lasts ten minutes, far past every deadline.
+names it and aborts the job; the hang itself lasts ten minutes, far past every deadline. A
+dead MPI rank ends the job by ``mpiexec``, or by its peers on the host, which look at its
+process while they wait, name it and abort the job.
 """
 
 from __future__ import annotations
@@ -165,9 +167,15 @@ needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec nex
 
 
 def run_mpi(fault: str, d: int, m: int, ranks: int = 2, timeout_s: float | None = None,
-            deadline_s: float = DEADLINE_S) -> tuple[subprocess.CompletedProcess, float]:
+            deadline_s: float = DEADLINE_S,
+            hide_death_of: int | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """``mpi_fault_script.py`` under ``mpiexec`` with ``fault``; ``hide_death_of``: the rank
+    whose death ``mpiexec`` is kept from seeing (the script's ``HIDE_DEATH_OF``)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", **{ENV: fault})
+    env.pop("HIDE_DEATH_OF", None)
+    if hide_death_of is not None:
+        env["HIDE_DEATH_OF"] = str(hide_death_of)
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(HERE / "mpi_fault_script.py"), str(d), str(m)]
     if timeout_s is not None:
         cmd.append(str(timeout_s))
@@ -244,20 +252,56 @@ def test_an_mpi_rank_that_fails_makes_every_rank_raise_the_same_fit_error(fault,
 @pytest.mark.parametrize("fault", ["kill:worker=w1:iteration=2:block=1", "exit:worker=w1:iteration=2:code=13"],
                          ids=["killed", "exits"])
 def test_an_mpi_rank_that_dies_ends_the_job_non_zero(fault):
+    from emgrid.executors.mpi import ABORT_STATUS
+
     proc, _ = run_mpi(fault, 1, 2)  # run_mpi's timeout= bounds the wait: a hang fails the test
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "DONE" not in out
-    if fault.startswith("exit"):
+    pid = re.search(r"RANK 1 PID (\d+)", proc.stdout)
+    errors = fit_errors(proc)
+    if errors:  # rank 0 found rank 1's process gone first: it names it (and aborts the job)
+        assert sorted(errors) == [0], out
+        named = re.fullmatch(r"worker 'w1' \(replica 0, shard 1, rank 1, pid (\d+)\) died in iteration 2", errors[0])
+        assert named, out
+        assert pid is None or named.group(1) == pid.group(1), out
+    if proc.returncode == ABORT_STATUS:  # rank 0's abort ended the job before hydra did
+        assert errors, out
+    elif fault.startswith("exit"):
         # hydra passes on the dead rank's exit code, or (about one run in sixty here) the
         # signal with which it then killed the other rank
         assert proc.returncode in (13, 9), out
         assert "exits with code 13" in out, out
     else:
         assert "BAD TERMINATION" in out and "signal 9" in out, out
-        pid = re.search(r"RANK 1 PID (\d+)", proc.stdout)
         if pid:  # hydra names the dead process by pid: it is rank 1's
             assert f"PID {pid.group(1)} " in out, out
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("fault,grid,dead,judge,expected", [
+    ("exit:worker=w1:iteration=2:block=1:code=13", (1, 2), 1, 0,
+     r"worker 'w1' \(replica 0, shard 1, rank 1, pid (\d+)\) died in iteration 2"),
+    ("exit:worker=w1:iteration=2:code=13", (2, 1), 1, 0,
+     r"worker 'w1' \(replica 1, shard 0, rank 1, pid (\d+)\) died in iteration 2"),
+    ("exit:worker=w0:iteration=2:code=13", (2, 1), 0, 1,
+     r"worker 'w0' \(replica 0, shard 0, rank 0, pid (\d+)\) died in iteration 2"),
+], ids=["worker-mid-exchange", "worker", "coordinator"])
+def test_a_dead_mpi_rank_that_mpiexec_misses_is_named_by_its_peer_which_aborts_the_job(fault, grid, dead, judge,
+                                                                                     expected):
+    # the dead rank's descriptors stay open and it stays unreaped: only the peer's look ends the job
+    from emgrid.executors.mpi import ABORT_STATUS
+
+    proc, wall = run_mpi(fault, *grid, deadline_s=60, hide_death_of=dead)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == ABORT_STATUS, out
+    assert "DONE" not in out
+    errors = fit_errors(proc)
+    assert sorted(errors) == [judge], out
+    named = re.fullmatch(expected, errors[judge])
+    assert named, out
+    assert named.group(1) == re.search(rf"RANK {dead} PID (\d+)", proc.stdout).group(1)
+    assert wall < 30, f"took {wall:.1f} s"
 
 
 @needs_mpiexec
