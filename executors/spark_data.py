@@ -23,7 +23,7 @@ to stay on one replica, which the row ranges of a plan of rows do not say.
 
 from __future__ import annotations
 
-import bisect
+import pickle
 import warnings
 
 import numpy as np
@@ -54,6 +54,7 @@ class SparkFrame:
 
     def __init__(self, df, tree, values: dict, names: list[str], n_rows: int):
         self.df, self.tree, self.values, self.names, self.n_rows = df, tree, values, names, n_rows
+        self._offsets: list[int] | None = None
 
     @classmethod
     def bind(cls, data, model: Node) -> tuple["SparkFrame", Node]:
@@ -93,37 +94,94 @@ class SparkFrame:
             raise DataError("the DataFrame has no rows")
         return cls(frame, tree, value_lists(model, tree), names, n), model
 
-    def _indexed(self):
-        """``(row values, global index)`` of every row, in the DataFrame's order: the values of
-        the columns read, in ``names``' order."""
-        at = [self.df.columns.index(n) for n in self.names]
-        return self.df.rdd.zipWithIndex().map(lambda pair: (tuple(pair[0][j] for j in at), pair[1]))
+    def offsets(self) -> list[int]:
+        """The global index of each partition's first row (and the row count last): the
+        partitions' sizes, counted where they are."""
+        if self._offsets is None:
+            def count(batches):
+                import pyarrow as pa
+                from pyspark import TaskContext
+
+                n = sum(b.num_rows for b in batches)
+                yield pa.RecordBatch.from_pydict({"part": [TaskContext.get().partitionId()], "n": [n]},
+                                                 schema=pa.schema([("part", pa.int32()), ("n", pa.int64())]))
+
+            sizes = dict(self.df.mapInArrow(count, "part int, n long").collect())
+            self._offsets = [0]
+            for p in range(max(sizes, default=-1) + 1):
+                self._offsets.append(self._offsets[-1] + sizes.get(p, 0))
+        return self._offsets
+
+    def _blocks(self, pick):
+        """A DataFrame of ``(cell, first, blob)`` made where the rows are: ``pick(lo, hi)``
+        says, for a batch of the global rows ``lo:hi``, which ``(cell, first, rows)`` to
+        make, ``rows`` a slice or the positions of the rows in the batch, ``first`` the first
+        one's global index; a ``blob`` is those rows' columns
+        (:func:`emgrid.models.tables.column_arrays` of the columns read), pickled once."""
+        offsets, names = self.offsets(), self.names
+
+        def split(batches):
+            import pyarrow as pa
+            from pyspark import TaskContext
+
+            schema = pa.schema([("cell", pa.int32()), ("first", pa.int64()), ("blob", pa.binary())])
+            first = offsets[TaskContext.get().partitionId()]
+            for b in batches:
+                lo, hi = first, first + b.num_rows
+                first = hi
+                made: dict[tuple[int, int], bytes] = {}
+                out = {"cell": [], "first": [], "blob": []}
+                for cell, at, rows in pick(lo, hi):
+                    key = (rows.start, rows.stop) if isinstance(rows, slice) else None
+                    blob = made.get(key) if key is not None else None
+                    if blob is None:
+                        part = (b.slice(rows.start, rows.stop - rows.start) if isinstance(rows, slice)
+                                else b.take(pa.array(rows)))
+                        blob = pickle.dumps({n: column_arrays(part.column(n), n) for n in names}, protocol=5)
+                        if key is not None:
+                            made[key] = blob
+                    out["cell"].append(cell)
+                    out["first"].append(at)
+                    out["blob"].append(blob)
+                if out["cell"]:
+                    yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+        return self.df.mapInArrow(split, "cell int, first long, blob binary")
 
     def rows_at(self, index: np.ndarray) -> Data:
         """The rows of the global indices ``index`` (sorted), as the model's data in memory:
         only they come to the driver."""
-        sc = self.df.sparkSession.sparkContext
-        wanted = sc.broadcast(frozenset(int(i) for i in index))
-        try:
-            got = self._indexed().filter(lambda pair: pair[1] in wanted.value).collect()
-        finally:
-            wanted.unpersist()
-        got.sort(key=lambda pair: pair[1])
-        return assemble_rows(self, [values for values, _ in got], int(index[0]) if len(index) else 0)
+        wanted = np.asarray(index, dtype=np.int64)
+
+        def pick(lo, hi):
+            a, z = np.searchsorted(wanted, [lo, hi])
+            return [(0, int(wanted[a]), wanted[a:z] - lo)] if z > a else []
+
+        got = sorted((r[1], r[2]) for r in self._blocks(pick).collect())
+        cols = join_blocks(self.names, [blob for _, blob in got])
+        for name, (_, miss) in cols.items():  # refused naming the missing value's global row
+            if miss is not None and miss.any():
+                k = int(np.argmax(miss))
+                missing_rows({name: (None, miss[k:])}, False, int(wanted[k]))
+        return assemble(self.values, self.tree, {n: x for n, (x, _) in cols.items()}, None)
 
     def by_cell(self, starts: list[int], m: int):
         """An RDD with one partition per grid cell (grid order ``r * m + s``), cell ``(r, s)``'s
-        holding ``(index, row values)`` of every row of replica ``r`` (the replicas' first
+        holding ``(first, blob)`` blocks of the rows of replica ``r`` (the replicas' first
         rows ``starts``), in no particular order."""
         d = len(starts)
+        bounds = [*starts, self.n_rows]
 
-        def route(pair):
-            values, i = pair
-            r = bisect.bisect_right(starts, i) - 1
-            for s in range(m):
-                yield r * m + s, (i, values)
+        def pick(lo, hi):
+            out = []
+            for r in range(d):
+                a, z = max(lo, bounds[r]), min(hi, bounds[r + 1])
+                if a < z:
+                    out.extend((r * m + s, a, slice(a - lo, z - lo)) for s in range(m))
+            return out
 
-        return self._indexed().flatMap(route).partitionBy(d * m, lambda key: key).values()
+        return (self._blocks(pick).rdd.map(lambda row: (row[0], (row[1], row[2])))
+                .partitionBy(d * m, lambda key: key).values())
 
     def reader(self) -> "RowReader":
         """What a cell needs to assemble its rows (small: no rows, no model)."""
@@ -138,27 +196,33 @@ class RowReader:
         self.tree, self.values, self.names = tree, values, names
 
 
-def assemble_rows(reader, rows: list[tuple], first_row: int) -> Data:
-    """``rows`` (tuples in ``reader.names``' order, the first being global row ``first_row``)
-    as the model's data; a missing value is refused naming its column and global row."""
-    cols = {}
-    for j, name in enumerate(reader.names):
-        raw = [row[j] for row in rows]
-        x = np.asarray(raw) if raw and not any(v is None for v in raw) else np.array(raw, dtype=object)
-        cols[name] = column_arrays(x, name)
-    missing_rows(cols, False, first_row)
-    return assemble(reader.values, reader.tree, {n: x for n, (x, _) in cols.items()}, None)
+def join_blocks(names: list[str], blobs: list[bytes]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """The columns of pickled blocks (in order) joined: ``(values, missing)`` by name."""
+    parts = [pickle.loads(b) for b in blobs]
+    out = {}
+    for n in names:
+        values = [p[n][0] for p in parts]
+        x = np.concatenate(values) if values else np.zeros(0)
+        misses = [p[n][1] for p in parts]
+        miss = None
+        if any(mm is not None for mm in misses):
+            miss = np.concatenate([np.zeros(len(v), dtype=bool) if mm is None else mm for v, mm in zip(values, misses)])
+        out[n] = (x, miss)
+    return out
 
 
-def cell_rows(reader: RowReader, spec: WorkerSpec, part: Node, pairs) -> Data:
-    """A cell's partition (``(index, row values)`` of its replica's rows) as its rows: sorted
-    by index, checked to be exactly rows ``spec.start:spec.stop`` (a source that gave other
+def cell_rows(reader: "RowReader", spec: WorkerSpec, part: Node, blocks) -> Data:
+    """A cell's partition (``(first, blob)`` blocks of its replica's rows) as its rows: in
+    order, checked to be exactly rows ``spec.start:spec.stop`` (a source that gave other
     rows when read again would make it fit other data), only its shard's columns."""
-    got = sorted(pairs, key=lambda pair: pair[0])
-    index = np.fromiter((i for i, _ in got), dtype=np.int64, count=len(got))
-    if index.size != spec.stop - spec.start or (index.size and (index[0] != spec.start or index[-1] != spec.stop - 1)):
+    got = sorted(blocks, key=lambda block: block[0])
+    cols = join_blocks(reader.names, [blob for _, blob in got])
+    n = len(next(iter(cols.values()))[0]) if cols else 0
+    firsts = [f for f, _ in got]
+    if n != spec.stop - spec.start or (firsts and firsts[0] != spec.start):
         raise DataError(f"worker {spec.name!r} was to read rows {spec.start}:{spec.stop} of the DataFrame but got "
-                        f"{index.size} rows; the DataFrame must give the same rows each time it is read (cache or "
+                        f"{n} rows; the DataFrame must give the same rows each time it is read (cache or "
                         "checkpoint one whose source changes)")
-    data = assemble_rows(reader, [values for _, values in got], spec.start)
+    missing_rows(cols, False, spec.start)
+    data = assemble(reader.values, reader.tree, {name: x for name, (x, _) in cols.items()}, None)
     return spec.view.columns_for(spec.shard, part, data)

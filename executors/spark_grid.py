@@ -121,6 +121,19 @@ def stop_session(session) -> None:
     SparkContext._jvm = None
 
 
+def no_delay(conn: Connection) -> Connection:
+    """``conn`` (a TCP connection) with Nagle's algorithm off: a message's header and its
+    body are two writes, which Nagle would hold back for the peer's delayed ACK (40 ms)."""
+    import socket
+
+    s = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        s.close()
+    return conn
+
+
 def is_local(sc) -> bool:
     return sc.master.startswith("local")
 
@@ -141,7 +154,7 @@ def _cell_task(coordinator, authkey: bytes, local: bool, specs, parts: list[byte
         d, m = len(specs) // spec.view.n_shards, spec.view.n_shards
         # a local master's tasks listen on loopback, a cluster's on their executor's address
         host = "127.0.0.1" if local else ctx.getTaskInfos()[i].address.rsplit(":", 1)[0]
-        control = Client(coordinator, authkey=authkey)
+        control = no_delay(Client(coordinator, authkey=authkey))
         control.send(i)
 
         def make_cell():
@@ -177,7 +190,7 @@ def _link(ctx, i: int, spec, d: int, m: int, host: str, authkey: bytes) -> dict[
         def accept():
             try:
                 for _ in before:
-                    conn = listener.accept()
+                    conn = no_delay(listener.accept())
                     j = conn.recv()
                     links[(j // m, j % m)] = conn
             except BaseException as e:  # noqa: BLE001 - raised on the task's thread
@@ -188,7 +201,7 @@ def _link(ctx, i: int, spec, d: int, m: int, host: str, authkey: bytes) -> dict[
         for t in targets:
             j = t[0] * m + t[1]
             if j > i:
-                conn = Client(addresses[j], authkey=authkey)
+                conn = no_delay(Client(addresses[j], authkey=authkey))
                 conn.send(i)
                 links[t] = conn
         acceptor.join()
@@ -270,7 +283,7 @@ class SparkGrid(ConnGrid):
         def accept():
             try:
                 for _ in range(n):
-                    conn = self._listener.accept()
+                    conn = no_delay(self._listener.accept())
                     got.append((conn.recv(), conn))
             except (OSError, EOFError):
                 pass
