@@ -5,7 +5,7 @@ Four measurements, all in one run (the MPI runs are this script started again un
 
 1. **Speedup** on a compute-bound model (a mixture of full-covariance Gaussians, N about
    1e6): ``local`` (one worker) against 2 workers with ``multiprocessing``, ``mpi``,
-   ``dask`` and ``ray`` (each engine's run starts a local cluster of its own, outside the
+   ``dask``, ``ray`` and ``spark`` (each engine's run starts a local cluster of its own, outside the
    timed iterations); per-iteration time is the median over iterations after the first.
 2. **Model parallelism**: a composite of two full-covariance mixtures on a ``1x2`` plan
    (one mixture per shard) gives the ``1x1`` trace, and the coupling bytes measured equal
@@ -62,14 +62,14 @@ from emgrid.planner import Network, Resources, plan_from_assignment  # noqa: E40
 from emgrid.planner.costing import model_facts  # noqa: E402
 from emgrid.planner.plan import BalancePlan  # noqa: E402
 from emgrid.planner.resources import (DASK_ACTORS, DEFAULT_FLOPS_PER_S, PIPES, RAY_ACTORS,  # noqa: E402
-                                     SHARED_MEMORY_MPI)
+                                     SHARED_MEMORY_MPI, SPARK_TASKS)
 
 RESULTS = ROOT / "bench" / "results"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 #: Networks the plans are priced with: those of ``Resources.local`` and ``Resources.from_mpi``.
 SHARED_MEMORY = SHARED_MEMORY_MPI
 #: The cluster engines, run where their extra is installed: executor -> (import, network).
-ENGINES = {"dask": ("distributed", DASK_ACTORS), "ray": ("ray", RAY_ACTORS)}
+ENGINES = {"dask": ("distributed", DASK_ACTORS), "ray": ("ray", RAY_ACTORS), "spark": ("pyspark", SPARK_TASKS)}
 
 
 def engine_specs(d: int, m: int, split=None, suffix: str = "") -> dict:
@@ -411,7 +411,7 @@ def distribution_rule(out: dict) -> str:
     ov = out["overhead"]["runs"]
     local = ov["local 1x1"]["iteration_s"]
     parts = []
-    for name in ("multiprocessing 2x1", "mpi 2x1", "dask 2x1", "ray 2x1"):
+    for name in ("multiprocessing 2x1", "mpi 2x1", "dask 2x1", "ray 2x1", "spark 2x1"):
         if name in ov:
             extra = max(0.0, ov[name]["iteration_s"] - local)
             # W workers save T * (1 - 1/W) of compute per iteration; distribute when that beats the extra overhead

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -358,9 +359,11 @@ def test_a_resume_stops_where_the_uninterrupted_run_converges(folder, capsys):
     assert resumed == whole
 
 
-@pytest.mark.parametrize("kind", ["dask", "ray"])
+@pytest.mark.parametrize("kind", ["dask", "ray", "spark"])
 def test_the_cluster_executors_run_from_config_with_the_local_trace(folder, capsys, kind):
-    pytest.importorskip("distributed" if kind == "dask" else "ray")
+    pytest.importorskip({"dask": "distributed", "ray": "ray", "spark": "pyspark"}[kind])
+    if kind == "spark" and shutil.which("java") is None:
+        pytest.skip("Spark needs a Java runtime")
     two = BASE.replace("workers = 1", "workers = 2")
     code, err = run(folder, capsys, "--output", "local", config=two)
     assert code == 1, err
