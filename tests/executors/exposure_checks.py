@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-EXECUTORS = ["multiprocessing", "mpi", "dask", "ray"]
+EXECUTORS = ["multiprocessing", "mpi", "dask", "ray", "spark"]
 MIX = ('{ family = "Mixture", weights = [0.5, 0.5], components = [ { family = "Gaussian", mean = -1.0, var = 1.0 }, '
        '{ family = "Gaussian", mean = 1.0, var = 1.0 } ] }')
 #: Seconds worker w1 sleeps in iteration 2 (the fit's processes are looked at meanwhile).
@@ -34,7 +35,9 @@ GONE_S = 30.0
 def available(kind: str) -> bool:
     if kind == "mpi":
         return Path(sys.executable).with_name("mpiexec").exists()
-    module = {"dask": "distributed", "ray": "ray"}.get(kind)
+    if kind == "spark" and shutil.which("java") is None:
+        return False
+    module = {"dask": "distributed", "ray": "ray", "spark": "pyspark"}.get(kind)
     if module is None:
         return True
     try:

@@ -1,7 +1,7 @@
 """A local fit on every executor listens on loopback only and leaves nothing behind.
 
 Each case runs ``emgrid fit`` in a process of its own (``kind`` = multiprocessing, mpi through
-emgrid's own launcher, dask, ray), with a private ``TMPDIR``, and one worker hanging a few
+emgrid's own launcher, dask, ray, spark), with a private ``TMPDIR``, and one worker hanging a few
 seconds in iteration 2 (``EMGRID_FAULT``), so that every process of the fit is up while the
 test looks at it. Once iteration 1's checkpoint is written, the test polls the process
 tree of the fit (psutil) for its listening sockets, their files in ``/dev/shm`` and their
