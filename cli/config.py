@@ -7,7 +7,8 @@
                      # path = "x.parquet" | "x.csv" (columns by name; drop_missing, sequence_id)
 [resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi" | "dask" | "ray" | "spark"
 [executor]           # kind = "local" | "multiprocessing" | "mpi" | "dask" | "ray" | "spark" (master = "local[2]"), processes = 2 (as [resources] workers),
-                     # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s
+                     # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s,
+                     # on_worker_loss = "fail" | "replan", max_replans = 3
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
                      # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
 [solver]             # time_limit_s, relative_gap, seed, num_workers
@@ -95,6 +96,10 @@ class ExecutorSection(_Strict):
     #: the Spark master of the spark executor's session, started for the run and stopped
     #: after (default ``"local[2]"``)
     master: str | None = None
+    #: what a lost worker does to the fit: "fail" ends it (checkpoint, exit 3), "replan"
+    #: re-plans on the workers left and goes on, up to max_replans times (not mpi)
+    on_worker_loss: Literal["fail", "replan"] = "fail"
+    max_replans: int = Field(default=3, ge=0)
     #: worker count, another name for ``[resources] workers`` (both given: they must agree)
     processes: int | None = Field(default=None, ge=1)
     #: seconds a worker may take to reach the end of an iteration before the fit stops
@@ -129,6 +134,9 @@ class ExecutorSection(_Strict):
                              "(multiprocessing, mpi, dask, ray, spark), not local")
         if self.address is not None and self.kind not in ("dask", "ray"):
             raise ValueError(f"address={self.address!r} applies to the dask and ray executors, not {self.kind}")
+        if self.on_worker_loss == "replan" and self.kind in ("local", "mpi"):
+            raise ValueError(f"on_worker_loss = \"replan\" applies to the executors whose workers can be lost and "
+                             f"replaced (multiprocessing, dask, ray, spark), not {self.kind}")
         if self.master is not None and self.kind != "spark":
             raise ValueError(f"master={self.master!r} applies to the spark executor, not {self.kind}")
         return self

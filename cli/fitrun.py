@@ -83,6 +83,7 @@ class FitRun:
                                                                         max_iter=cfg.fit.max_iter)
         self.remaining = cfg.fit.max_iter - self.done
         self.progress = Progress(cfg.fit.max_iter, quiet=quiet or not self.lead)
+        self.replans_said = 0  # the result's re-plans the progress told of
         # a local grid lives in this process, and a small model costs little to fetch each iteration
         self.hold = self.lead and (cfg.executor.kind == "local"
                                    or _param_bytes(self.model) <= _hold_limit(plan, cfg.executor.kind == "mpi"))
@@ -131,7 +132,8 @@ class FitRun:
             result = optimize(self.data, self.model, plan=self.plan, executor=executor, max_iter=self.remaining,
                               tol=f.tol, callback=self.callback, n_init=f.n_init, seed=f.seed, init=f.init,
                               init_iter=f.init_iter, reg_covar=f.reg_covar, pseudo_count=f.pseudo_count,
-                              previous_log_likelihood=self.resumed_trace[-1] if self.resumed_trace else None)
+                              previous_log_likelihood=self.resumed_trace[-1] if self.resumed_trace else None,
+                              on_worker_loss=cfg.executor.on_worker_loss, max_replans=cfg.executor.max_replans)
         return result, [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
                         and not str(w.message).startswith("not converged")]  # the summary's note says it
 
@@ -140,6 +142,11 @@ class FitRun:
         from emgrid.executors.mstep import Shards
 
         at = self.done + iteration
+        for r in so_far.replans[self.replans_said if self.lead else len(so_far.replans):]:  # a line each; it goes on
+            self.progress.note(f"emgrid: re-planned: {r['reason']}; iteration {self.done + r['iteration']} redone on "
+                               f"{r['new_grid'][0]}x{r['new_grid'][1]} (was {r['old_grid'][0]}x{r['old_grid'][1]}), "
+                               f"{r['seconds_lost']:.2f} s lost")
+        self.replans_said = len(so_far.replans)
         shards = so_far.shards  # the model after this iteration, on the grid (so_far.model may be None)
         if self.hold:  # with its iteration: a signal between the two lines below keeps them apart
             self.held = (at, Shards.held(shards.view, shards.gather()))

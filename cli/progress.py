@@ -52,6 +52,12 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def note(self, line: str) -> None:
+        """One line between the iterations' (a re-plan), on a line of its own: said even
+        when the progress is quiet, as a warning is."""
+        self.stream.write(("\n" if self.tty and self.seen and not self.quiet else "") + line + "\n")
+        self.stream.flush()
+
     def close(self) -> None:
         if self.tty and not self.quiet and self.seen:
             self.stream.write("\n")

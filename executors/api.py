@@ -22,6 +22,7 @@ from emgrid.planner.resources import Resources
 from emgrid.planner.validate import validate_plan
 
 from .datafiles import NpyDataset, new_table_scratch
+from .elastic import check_on_worker_loss
 from .spark_data import SparkFrame, is_spark_frame
 from .protocol import Callback, Executor, FitJob
 from .registry import get
@@ -44,7 +45,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
              callback: Callback | None = None, n_init: int = 1, seed: int = 0, init: str = "auto",
              init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
              previous_log_likelihood: float | None = None, gather: bool | None = None,
-             init_callback: Callback | None = None) -> FitResult:
+             init_callback: Callback | None = None, on_worker_loss: str = "fail",
+             max_replans: int = 3) -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -80,6 +82,10 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       skipped).
     - ``previous_log_likelihood``: the log-likelihood of the iteration before ``model`` (a
       resumed fit's last), so the first iteration's convergence test compares against it.
+    - ``on_worker_loss``: ``"fail"`` (default) ends the fit when a worker is lost;
+      ``"replan"`` re-plans on the workers left and goes on from the last completed
+      iteration, up to ``max_replans`` times (``executors.elastic``; multiprocessing, Dask,
+      Ray and Spark: an MPI job ends with any of its ranks). ``FitResult.replans`` lists them.
     - ``gather``: whether the fitted model is gathered into ``FitResult.model`` (None: when it
       fits in memory, ``executors.loop.fits_here``); it is always in ``FitResult.shards``.
     - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
@@ -102,6 +108,12 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     _check_count(init_iter, "init_iter", 1)
     if init not in INIT_METHODS:
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
+    check_on_worker_loss(on_worker_loss, max_replans)
+    if on_worker_loss == "replan" and ex.name in ("local", "mpi"):
+        raise ConfigError(f"on_worker_loss='replan' needs an executor whose workers can be lost and replaced "
+                          f"(multiprocessing, dask, ray, spark), not {ex.name!r}"
+                          + (": an MPI job ends with any of its ranks" if ex.name == "mpi" else ""))
+    elastic = {"on_worker_loss": on_worker_loss, "max_replans": max_replans}
     reg = Regularization(reg_covar=reg_covar, pseudo_count=pseudo_count)
     reg = reg if reg.active else None
     with ex.opened() if hasattr(ex, "opened") else nullcontext():
@@ -120,7 +132,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
             if scratch is not None:
                 data = NpyDataset.from_table(table, model, scratch)
             result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter,
-                               reg, previous_log_likelihood, gather, init_callback)
+                               reg, previous_log_likelihood, gather, init_callback, elastic)
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -129,7 +141,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
 
 
 def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-              previous_log_likelihood, gather=None, init_callback=None):
+              previous_log_likelihood, gather=None, init_callback=None, elastic=None):
     if isinstance(data, (NpyDataset, SparkFrame)):
         prepared, n = data, data.n_rows
     else:
@@ -142,7 +154,8 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
             model = complete_shapes(model, opened)
     check_init(model, init)
     if plan is None:
-        plan = ex.make_plan(model, resources if resources is not None else ex.default_resources(), n)
+        resources = resources if resources is not None else ex.default_resources()
+        plan = ex.make_plan(model, resources, n)
     elif resources is not None:
         validate_plan(plan, model, resources, n)
     check_plan_structure(plan, model, n, strict=False)
@@ -161,7 +174,8 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
                            regularization=reg, starts=starts, start_iter=init_iter, init_callback=init_callback,
                            start_index=tuple(repeats.index(k) for k in range(len(starts))),
                            n_init=n_init if starts else 0,
-                           previous_log_likelihood=previous_log_likelihood, gather=gather))
+                           previous_log_likelihood=previous_log_likelihood, gather=gather, resources=resources,
+                           **(elastic or {})))
     if starts:
         result.init_log_likelihoods, result.init_best = per_start(result.init_log_likelihoods, result.init_best,
                                                                   repeats)

@@ -24,7 +24,7 @@ said to (a note each).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -88,6 +88,16 @@ class Lost:
     """A cell lost its link to the cell ``peer`` (a grid index): the peer failed."""
 
     peer: int
+
+
+class WorkerLost(FitError):
+    """A cell's process or actor is gone (``cell``: its grid index, ``worker``: its plan
+    name): the fault an elastic fit re-plans around (:mod:`executors.elastic`), unlike a
+    cell's own error, which would recur."""
+
+    def __init__(self, message: str, cell: int, worker: str):
+        super().__init__(message)
+        self.cell, self.worker = cell, worker
 
 
 def describe_error(e: BaseException) -> tuple[str, str]:
@@ -171,6 +181,18 @@ class CellGrid:
         """``payload`` as it is passed to many cells (an engine may store it once)."""
         return payload
 
+    def start(self) -> None:
+        """Starts every cell (they open their rows) and links them."""
+        raise NotImplementedError
+
+    @property
+    def pids(self) -> list[int]:
+        """The cells' process ids, grid order (where known)."""
+        return []
+
+    def close(self, failed: bool = False) -> None:
+        """Stops every cell; ``failed``: the fit failed (the cells may be stuck: stop them now)."""
+
     # ------------------------------------------------------------ the fault rule
     def call_all(self, method: str, args: tuple, when: str, timeout_s: float | None,
                  cells: list[int] | None = None) -> list:
@@ -202,7 +224,7 @@ class CellGrid:
                     raise failed(self.who(i), when, answer.summary, answer.trace)
                 if isinstance(answer, Died):
                     detail = f" ({answer.detail})" if answer.detail else ""
-                    err = FitError(f"{self.who(i)} {answer.how} {when}{detail}")
+                    err = WorkerLost(f"{self.who(i)} {answer.how} {when}{detail}", i, self.cells[i].name)
                     if answer.report:
                         err.add_note(answer.report)
                     raise err
@@ -216,7 +238,7 @@ class CellGrid:
 
     def _cause(self, lost: tuple[int, int, float], when: str) -> FitError:
         reporter, peer, _ = lost
-        err = FitError(f"{self.who(peer)} {self.ended(peer)} {when}")
+        err = WorkerLost(f"{self.who(peer)} {self.ended(peer)} {when}", peer, self.cells[peer].name)
         err.add_note(f"{self.who(reporter)} lost its link to it")
         return err
 
@@ -296,14 +318,23 @@ class GridExecutor(BaseExecutor):
     def _run(self, job: FitJob) -> FitResult:
         raise NotImplementedError
 
-    def fit_on(self, grid: CellGrid, job: FitJob) -> FitResult:
-        """Starts ``grid``'s cells and runs the EM loop on them."""
+    def fit_on(self, make_grid: Callable[[FitJob], CellGrid], job: FitJob) -> FitResult:
+        """Runs the EM loop on the grid ``make_grid(job)`` makes (its cells started here),
+        and, for ``job.on_worker_loss == "replan"``, on the grids made for the re-planned
+        jobs after a cell is lost (:class:`executors.elastic.Elastic`); the last grid is
+        closed however the fit ends."""
+        from .elastic import Elastic
+
+        elastic = Elastic(self, make_grid, job)
+        failed = True
         try:
-            grid.start()
-            self.worker_pids = grid.pids
-            return run_em(grid, job, self.name)
+            elastic.start()
+            result = run_em(elastic.grid, job, self.name, elastic)
+            failed = False
+            return result
         finally:
             self.worker_pids = []
+            elastic.close(failed)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"

@@ -59,7 +59,7 @@ from . import dask_cells
 from .actors import forwarded_env, import_extra, shipped_rows
 from .cell import Cell
 from .dask_cells import DaskCell, Shipped, quiet_logs
-from .cellgrid import CellGrid, Died, Failed, GridExecutor, describe_error
+from .cellgrid import CellGrid, Died, Failed, GridExecutor, WorkerLost, describe_error
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
@@ -104,9 +104,10 @@ class DaskGrid(CellGrid):
     _INLINE = ("info", "connect", "waits_for", "abort", "close")
 
     def __init__(self, client, job: FitJob, directory: str | None, timeout_s: float | None,
-                 startup_timeout_s: float, blas_threads: int | None):
+                 startup_timeout_s: float, blas_threads: int | None, own_cluster: bool = False):
         super().__init__(job, timeout_s, startup_timeout_s)
         self.client, self.directory, self.blas_threads = client, directory, blas_threads
+        self.own_cluster = own_cluster  # the cluster goes with the fit: its busy workers need no ending
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
         self.addresses: list[str] = []
@@ -128,14 +129,15 @@ class DaskGrid(CellGrid):
         """Raises FitError naming the first cell whose actor or worker is gone."""
         for i, f in enumerate(self.futures):
             if f.status in ("lost", "cancelled"):
-                raise FitError(f"{self.who(i)} died {when} (its actor was lost)")
+                raise WorkerLost(f"{self.who(i)} died {when} (its actor was lost)", i, self.cells[i].name)
         now = perf_counter()
         if force or now - self._checked >= _LIVENESS_S:
             self._checked = now
             live = self._live_workers()
             for i, a in enumerate(self.addresses):
                 if a not in live:
-                    raise FitError(f"{self.who(i)} died {when} (the scheduler lost its worker)")
+                    raise WorkerLost(f"{self.who(i)} died {when} (the scheduler lost its worker)", i,
+                                     self.cells[i].name)
 
     # ------------------------------------------------------------ placement and start
     def _placement(self) -> list[str]:
@@ -220,7 +222,7 @@ class DaskGrid(CellGrid):
         return out
 
     # ------------------------------------------------------------ the end
-    def close(self, own_cluster: bool) -> None:
+    def close(self, failed: bool = False) -> None:
         """Aborts and releases every cell; ends the worker processes of cells still running a
         step (after a hang: a Python thread cannot be stopped otherwise; their nannies start
         new ones), unless the cluster goes away anyway."""
@@ -247,7 +249,7 @@ class DaskGrid(CellGrid):
             except Exception:  # noqa: BLE001 - the client is closing or the cluster gone
                 pass
         self.futures = []
-        if busy and not own_cluster:
+        if busy and not self.own_cluster:
             live = sorted(busy & self._live_workers())
             if live:
                 try:
@@ -313,9 +315,9 @@ class DaskExecutor(GridExecutor):
                 close = client.close
             after.callback(close)
             directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
-            grid = DaskGrid(client, job, directory, self.timeout_s, self.startup_timeout_s, self.blas_threads)
-            after.callback(grid.close, own_cluster=cluster is not None)
-            return self.fit_on(grid, job)
+            own = cluster is not None
+            return self.fit_on(lambda j: DaskGrid(client, j, directory, self.timeout_s, self.startup_timeout_s,
+                                                  self.blas_threads, own), job)
 
     def __repr__(self) -> str:
         return (f"DaskExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "

@@ -80,24 +80,29 @@ def critical_path(shares, wall_s: float) -> dict[str, float]:
             "coupling_s": max(s.coupling_s for s in shares), "reduce_s": max(0.0, wall_s - busiest)}
 
 
-def run_em(grid: Grid, job: FitJob, executor: str) -> FitResult:
+def run_em(grid: Grid, job: FitJob, executor: str, elastic=None) -> FitResult:
     """EM from ``job.model`` until converged or ``job.max_iter`` iterations; with
     ``job.starts``, each start first runs ``job.start_iter`` iterations and the one with the
-    highest log-likelihood continues (the others reported in ``init_log_likelihoods``)."""
+    highest log-likelihood continues (the others reported in ``init_log_likelihoods``).
+    ``elastic`` (:class:`executors.elastic.Elastic`): the grid's re-plans after a lost cell,
+    which replace ``grid`` (its ``grid`` is the current one)."""
     if not job.starts:
-        return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0, job.previous_log_likelihood)
+        return _em(grid, job, job.model, job.max_iter, job.callback, executor, 0, job.previous_log_likelihood,
+                   elastic=elastic)
     t0 = perf_counter()
     refined, done = [], 0
     index = job.start_index or tuple(range(len(job.starts)))
     n_init = job.n_init or len(job.starts)
     for k, start in enumerate(job.starts):  # the starts are whole models here already, and so are they refined
+        grid = elastic.grid if elastic is not None else grid
         refined.append(_em(grid, job, start, job.start_iter, job.init_callback, executor, done, gather=True,
-                           start=(index[k], n_init)))
+                           start=(index[k], n_init), elastic=elastic))
         done += refined[-1].iterations
     lls = [r.log_likelihood[-1] for r in refined]
     best = max(range(len(lls)), key=lls.__getitem__)
     refine_s = perf_counter() - t0
-    result = _em(grid, job, refined[best].model, job.max_iter, job.callback, executor, done)
+    grid = elastic.grid if elastic is not None else grid
+    result = _em(grid, job, refined[best].model, job.max_iter, job.callback, executor, done, elastic=elastic)
     result.init_log_likelihoods, result.init_best, result.init_s = lls, best, refine_s
     result.init_traces, result.n_init = [list(r.log_likelihood) for r in refined], n_init
     return result
@@ -119,40 +124,63 @@ def _counted_as(grid_iteration: int, it: int, start: tuple[int, int] | None):
 
 def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor: str, offset: int,
         previous: float | None = None, gather: bool | None = None,
-        start: tuple[int, int] | None = None) -> FitResult:
+        start: tuple[int, int] | None = None, elastic=None) -> FitResult:
     """One run of EM on the grid from ``model``; the grid counts its E-steps from ``offset``;
     ``previous`` is the log-likelihood of the iteration before ``model``, if any. The fitted
     model is gathered into ``result.model`` when ``gather`` (default ``job.gather``) says so.
     ``start``: ``(index, n_init)`` of the start this run refines, which the callback reads in
-    ``result.start`` and ``result.n_init``."""
+    ``result.start`` and ``result.n_init``. With an active ``elastic``, each iteration's model
+    is kept here once its update is done, and a lost cell's iteration is redone from the last
+    one kept on the grid re-planned without it (:mod:`executors.elastic`)."""
     gather = job.gather if gather is None else gather
     if gather is None:
         gather = fits_here(model)
-    layout = grid.layout
-    view = layout[0][0].view
-    skeleton = view.skeleton(model)
+    keeping = elastic is not None and elastic.active
     result = FitResult(model=model, plan=job.plan, executor=executor)
     if start is not None:
         result.start, result.n_init = start
+
+    def begin(grid: Grid, model: Node):
+        """The run's model to every cell of ``grid``: its view, skeleton, bytes and seconds."""
+        t0 = perf_counter()
+        layout = grid.layout
+        view = layout[0][0].view
+        payloads = ShardPayloads(model, layout)
+        grid.broadcast(model, payloads)
+        sent = len(layout) * sum(payloads.size(s) for s in range(len(payloads)))
+        return view, view.skeleton(model), sent, perf_counter() - t0
+
+    view, skeleton, sent, bcast_s = begin(grid, model)
     result.shards = Shards.held(view, model)
-    t_start = perf_counter()
-    payloads = ShardPayloads(model, layout)
-    grid.broadcast(model, payloads)
-    sent = len(layout) * sum(payloads.size(s) for s in range(len(payloads)))
-    del payloads, model  # the workers hold the model now; this process keeps the skeleton
+    kept = model if keeping else None
+    del model  # the workers hold the model now; this process keeps the skeleton (and, elastic, a copy)
     result.model = None
-    bcast_s = perf_counter() - t_start
-    for it in range(1, max_iter + 1):
+    it = 1
+    while it <= max_iter:
         t_start = perf_counter() - bcast_s
-        with _counted_as(offset + it, it, start):
-            out = grid.e_step(offset + it)
-        spanning, ll, bad = join_columns(out.columns)
-        check_finite(bad, ll, it)
-        t_m = perf_counter()
-        skeleton = skeleton_m_step(skeleton, spanning, job.regularization)
-        t_u = perf_counter()
-        with _counted_as(offset + it, it, start):
-            sent += grid.update(skeleton, skeleton_payload(skeleton))
+        try:
+            with _counted_as(offset + it, it, start):
+                out = grid.e_step(offset + it)
+                spanning, ll, bad = join_columns(out.columns)
+                check_finite(bad, ll, it)
+                t_m = perf_counter()
+                new_skeleton = skeleton_m_step(skeleton, spanning, job.regularization)
+                t_u = perf_counter()
+                sent += grid.update(new_skeleton, skeleton_payload(new_skeleton))
+                if keeping:  # the iteration's model, kept before the iteration counts
+                    kept_now = Shards(view, new_skeleton, grid.fetch).gather()
+                    sent += sum(a.nbytes for _, node in kept_now.nodes() for a in node.params().values())
+        except FitError as e:
+            if not keeping or not elastic.recover(e, it, kept):
+                raise
+            grid = elastic.grid
+            result.plan = elastic.job.plan
+            result.replans = list(elastic.replans)
+            view, skeleton, sent, bcast_s = begin(grid, kept)
+            continue  # the same iteration, on the new grid
+        skeleton = new_skeleton
+        if keeping:
+            kept = kept_now
         t_end = perf_counter()
         result.timings.append({
             "broadcast": bcast_s + t_end - t_u + out.receive_s, "compute": out.compute_s, "coupling": out.coupling_s,
@@ -174,8 +202,9 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
         if result.converged:
             break
         previous = ll
+        it += 1
     if gather:
-        result.model = result.shards.gather()
+        result.model = kept if keeping and result.iterations else result.shards.gather()
         result.shards = Shards.held(view, result.model)
     else:  # read while the workers hold the model
         result.warnings = result.shards.warnings()

@@ -240,22 +240,16 @@ class MultiprocessingExecutor(GridExecutor):
 
     def _run(self, job: FitJob) -> FitResult:
         scratch = None
-        grid = None
-        failed = True
         try:
             if isinstance(job.data, NpyDataset):
                 directory = str(job.data.directory)
             else:
                 scratch = Scratch("data", self.tmp_dir)
                 directory = str(NpyDataset.write(job.data, scratch.path).directory)
-            grid = ProcessGrid(job, directory, mp.get_context(self.start_method), self.timeout_s,
-                               self.startup_timeout_s, self.blas_threads)
-            result = self.fit_on(grid, job)
-            failed = False
-            return result
+            context = mp.get_context(self.start_method)
+            return self.fit_on(lambda j: ProcessGrid(j, directory, context, self.timeout_s, self.startup_timeout_s,
+                                                     self.blas_threads), job)
         finally:
-            if grid is not None:
-                grid.close(failed)
             if scratch is not None:
                 scratch.close()
 

@@ -49,6 +49,12 @@ class FitJob:
     #: whether the fitted model is gathered into ``FitResult.model``; None: when it fits
     #: (:func:`executors.loop.fits_here`); it is always in ``FitResult.shards``
     gather: bool | None = None
+    #: what a lost cell does to the fit (:mod:`executors.elastic`): ``"fail"`` ends it,
+    #: ``"replan"`` goes on, re-planned without it, up to ``max_replans`` times
+    on_worker_loss: str = "fail"
+    max_replans: int = 3
+    #: the resources the plan was made for (None: a plan given without them)
+    resources: Resources | None = None
 
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""

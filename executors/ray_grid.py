@@ -46,12 +46,11 @@ import logging
 import math
 from typing import ClassVar
 
-from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, ray_slots
 
 from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
 from .cell import Cell
-from .cellgrid import CellGrid, Died, Failed, GridExecutor, describe_error
+from .cellgrid import CellGrid, Died, Failed, GridExecutor, WorkerLost, describe_error
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
@@ -231,7 +230,7 @@ class RayGrid(CellGrid):
                 try:
                     ray.get(ref)
                 except RayActorError as e:
-                    err = FitError(f"{self.who(i)} died {when} (Ray: {type(e).__name__})")
+                    err = WorkerLost(f"{self.who(i)} died {when} (Ray: {type(e).__name__})", i, self.cells[i].name)
                     err.add_note(f"Ray's report:\n{(getattr(e, 'error_msg', None) or str(e)).rstrip()}")
                     raise err from None
                 except Exception:  # noqa: BLE001 - not a death: the cell's own calls name its errors
@@ -253,7 +252,7 @@ class RayGrid(CellGrid):
                 pass
         return out
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Kills every cell's actor (its process goes with it)."""
         ray = _import_ray()
         for a in self.actors:
@@ -326,11 +325,8 @@ class RayExecutor(GridExecutor):
         opened = self._connect()
         try:
             directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
-            grid = RayGrid(job, directory, self.timeout_s, self.startup_timeout_s, self.blas_threads, self.cell_cpus)
-            try:
-                return self.fit_on(grid, job)
-            finally:
-                grid.close()
+            return self.fit_on(lambda j: RayGrid(j, directory, self.timeout_s, self.startup_timeout_s,
+                                                 self.blas_threads, self.cell_cpus), job)
         finally:
             if opened:
                 self._disconnect()

@@ -457,14 +457,9 @@ class SparkExecutor(GridExecutor):
 
     def _run(self, job: FitJob) -> FitResult:
         with self.opened():
-            grid = SparkGrid(job, self.spark(job.data), self.timeout_s, self.startup_timeout_s, self.blas_threads)
-            failed = True
-            try:
-                result = self.fit_on(grid, job)
-                failed = False
-                return result
-            finally:
-                grid.close(failed)
+            session = self.spark(job.data)
+            return self.fit_on(lambda j: SparkGrid(j, session, self.timeout_s, self.startup_timeout_s,
+                                                   self.blas_threads), job)
 
     def __repr__(self) -> str:
         return (f"SparkExecutor(master={self.master!r}, timeout_s={self.timeout_s!r}, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -400,3 +401,30 @@ def test_a_signal_in_the_middle_of_an_atomic_write_leaves_no_temporary_file(tmp_
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
     assert target.read_text() == ("new" if when == "renamed" else "previous")
+
+
+def test_a_lost_worker_is_one_line_and_the_fit_goes_on_when_asked(folder, capsys, monkeypatch):
+    """Worker w1 kills itself in iteration 2; with on_worker_loss = "replan" the run says so in
+    one line and ends with the trace of a run that lost nothing."""
+    # slow workers and a fast network: every machine's plan is 2x1
+    two = BASE.replace("workers = 1", "workers = 2\nflops_per_s = 1e6\nlatency_s = 1e-6\nbytes_per_s = 1e10").replace(
+        "max_iter = 3", "max_iter = 5")
+    code, err = run(folder, capsys, "--output", "whole", config=two)
+    assert code == 1, err
+    monkeypatch.setenv("EMGRID_FAULT", "kill:worker=w1:iteration=2:block=1")
+    code, err = run(folder, capsys, "--output", "failed", config=two + '[executor]\nkind = "multiprocessing"\n')
+    assert code == 3, err
+    code, err = run(folder, capsys, "--output", "elastic",
+                    config=two + '[executor]\nkind = "multiprocessing"\non_worker_loss = "replan"\n')
+    assert code == 1, err  # not converged in 5 iterations: it ran to the end
+    (line,) = [ln for ln in err if "re-planned" in ln]
+    assert re.match(r"emgrid: re-planned: worker 'w1' .* was killed by signal 9 in iteration 2; iteration 2 redone "
+                    r"on 1x1 \(was 2x1\), [\d.]+ s lost$", line), line
+    whole, elastic = (json.loads((folder / d / "report.json").read_text()) for d in ("whole", "elastic"))
+    assert elastic["log_likelihood"] == pytest.approx(whole["log_likelihood"], rel=1e-9)
+
+
+def test_replan_on_an_executor_that_cannot_is_refused(folder, capsys):
+    code, err = run(folder, capsys, config=BASE + '[executor]\nkind = "mpi"\non_worker_loss = "replan"\n')
+    assert code == 2
+    one_error(err, "on_worker_loss", "replan", "not mpi")

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 distributed = pytest.importorskip("distributed")
@@ -236,3 +237,26 @@ def test_ctrl_c_at_a_terminal_prints_emgrids_line_alone(tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 130, err
     assert len(lines) == 1 and lines[0].startswith("emgrid: interrupted"), err
+
+
+def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(client, nested):
+    """The nanny restarts the killed worker; the fit re-plans on the cluster as Dask reports it
+    and goes on from the last completed iteration's model."""
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    plan = grid_plan(model, n, 1, 2)
+    want = optimize(data, model, plan=plan, max_iter=12, tol=1e-7)
+    ex = get("dask", address=client)
+
+    def kill_second_cell(it, ll, result):
+        if it == 2 and not result.replans:
+            os.kill(ex.worker_pids[1], signal.SIGKILL)
+
+    with deadline(180):
+        got = optimize(data, model, plan=plan, executor=ex, max_iter=12, tol=1e-7, callback=kill_second_cell,
+                       on_worker_loss="replan")
+    assert [r["iteration"] for r in got.replans] == [3]
+    np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+    assert got.iterations == want.iterations
+    client.wait_for_workers(2, timeout=60)
+    assert_nothing_left(client)

@@ -132,3 +132,26 @@ def test_a_hung_cell_is_named_after_the_timeout_and_killed(instance, monkeypatch
     assert any(n.startswith("worker 'w0' (replica 0, shard 0") and "waits for the partial sums of its column's "
                "replica(s) [1]" in n for n in e.value.__notes__)
     assert_nothing_left(cells.pids)
+
+
+def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(instance, nested):
+    import numpy as np
+
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    plan = grid_plan(model, n, 2, 1)
+    want = optimize(data, model, plan=plan, max_iter=12, tol=1e-7)
+    cells = Cells()
+
+    def kill_second_cell(it, ll, result):
+        cells.pids.extend(p for p in cells.ex.worker_pids if p not in cells.pids)
+        if it == 2 and not result.replans:
+            os.kill(cells.ex.worker_pids[1], signal.SIGKILL)
+
+    with deadline(180):
+        got = optimize(data, model, plan=plan, executor=cells.ex, max_iter=12, tol=1e-7, callback=kill_second_cell,
+                       on_worker_loss="replan")
+    assert [r["iteration"] for r in got.replans] == [3]
+    np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+    assert got.iterations == want.iterations
+    assert_nothing_left(cells.pids)

@@ -262,3 +262,25 @@ def test_a_session_the_executor_starts_is_stopped_with_its_jvm():
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FIT 3 JVM True CHILDREN 0 SC True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_killed_task_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(session, nested):
+    """A barrier stage ends with any of its tasks: the re-planned grid is a new stage on the
+    session's slots, from the last completed iteration's model."""
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    plan = grid_plan(model, n, 2, 1)
+    want = optimize(data, model, plan=plan, max_iter=12, tol=1e-7)
+    cells = Cells(session)
+
+    def kill_second_cell(it, ll, result):
+        if it == 2 and not result.replans:
+            os.kill(cells.ex.worker_pids[1], signal.SIGKILL)
+
+    with deadline(180):
+        got = optimize(data, model, plan=plan, executor=cells.ex, max_iter=12, tol=1e-7, callback=kill_second_cell,
+                       on_worker_loss="replan")
+    assert [r["iteration"] for r in got.replans] == [3]
+    np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+    assert got.iterations == want.iterations
+    assert_nothing_running(session, [])
