@@ -185,11 +185,6 @@ class CellGrid:
         """Starts every cell (they open their rows) and links them."""
         raise NotImplementedError
 
-    @property
-    def pids(self) -> list[int]:
-        """The cells' process ids, grid order (where known)."""
-        return []
-
     def close(self, failed: bool = False) -> None:
         """Stops every cell; ``failed``: the fit failed (the cells may be stuck: stop them now)."""
 
