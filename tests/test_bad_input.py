@@ -44,8 +44,8 @@ ROWS = [
     ("optimize-plan-other-model",
      lambda: optimize(MIX3.sample(100, 0), MIX3, plan=plan100(), executor="local", max_iter=2), PlanError,
      ["model"]),
-    ("optimize-unknown-executor", lambda: optimize(MIX.sample(10, 0), MIX, executor="spark", max_iter=2),
-     EmgridError, ["spark", "local"]),
+    ("optimize-unknown-executor", lambda: optimize(MIX.sample(10, 0), MIX, executor="flink", max_iter=2),
+     EmgridError, ["flink", "local"]),
 ]
 
 

@@ -45,7 +45,7 @@ def test_good_config_loads(tmp_path):
     "text, words",
     [
         (GOOD.replace("max_iter = 5", "max_iters = 5"), ["unknown key", "fit.max_iters", "line"]),
-        (GOOD.replace('kind = "local"', 'kind = "spark"'), ["executor.kind", "spark"]),
+        (GOOD.replace('kind = "local"', 'kind = "flink"'), ["executor.kind", "flink"]),
         (GOOD.replace('memory = "8GiB"', 'memory = "eight"'), ["memory", "eight"]),
         (GOOD.replace('memory = "8GiB"', 'memory = -3'), ["memory", "-3"]),
         (GOOD.replace("workers = 2", "workers = 0"), ["resources.workers", "0"]),

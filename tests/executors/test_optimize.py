@@ -80,11 +80,11 @@ def test_a_dataset_on_disk_gives_the_in_memory_trace(nested, tmp_path):
 
 
 def test_get_knows_the_executors_and_refuses_others():
-    assert executors.names() == ["dask", "local", "mpi", "multiprocessing", "ray"]
+    assert executors.names() == ["dask", "local", "mpi", "multiprocessing", "ray", "spark"]
     assert get("local").name == "local"
     assert get("multiprocessing", timeout_s=5.0).timeout_s == 5.0
-    with pytest.raises(ConfigError, match="unknown executor 'spark'.*dask, local, mpi, multiprocessing, ray"):
-        get("spark")
+    with pytest.raises(ConfigError, match="unknown executor 'flink'.*dask, local, mpi, multiprocessing, ray, spark"):
+        get("flink")
     with pytest.raises(ConfigError, match="'local'.*colour"):
         get("local", colour="red")
     with pytest.raises(ConfigError, match="start_method"):
