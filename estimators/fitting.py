@@ -94,3 +94,41 @@ def fit_em(data, model: Node, *, stop: Stop, max_iter: int, n_init: int, random_
         warnings.warn(f"{stop.name}: the best initialization did not converge within max_iter={max_iter} "
                       f"iterations (tol={stop.tol:g}); increase max_iter or tol", ConvergenceWarning, stacklevel=3)
     return replace(result, shards=None)
+
+
+class RowAnswers:
+    """The answers of an estimator whose fitted ``model_`` scores rows: each checks the
+    estimator is fitted and ``X`` as it was (the class's ``_checked``), then asks the model."""
+
+    def _checked(self, X):
+        raise NotImplementedError
+
+    def predict(self, X):
+        """The most probable child of the root Mixture (or HMM) per row, ``(n,)`` int64."""
+        data = self._checked(X)  # NotFittedError before the model is looked at
+        return self.model_.predict(data)
+
+    def predict_proba(self, X):
+        """The posterior weight of each child of the root Mixture (or HMM) per row."""
+        data = self._checked(X)
+        return self.model_.predict_proba(data)
+
+    def score_samples(self, X):
+        """The log-likelihood of every row, ``(n,)``."""
+        data = self._checked(X)
+        return self.model_.score_samples(data)
+
+    def score(self, X, y=None):
+        """The mean log-likelihood per row (higher is better)."""
+        return float(self.score_samples(X).mean())
+
+    def bic(self, X):
+        """Bayesian information criterion on ``X`` (lower is better; scikit-learn's count of
+        parameters)."""
+        data = self._checked(X)
+        return self.model_.bic(data)
+
+    def aic(self, X):
+        """Akaike information criterion on ``X`` (lower is better)."""
+        data = self._checked(X)
+        return self.model_.aic(data)

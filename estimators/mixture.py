@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from emgrid.models import DiagGaussian, FullGaussian, Mixture
 
-from .fitting import Stop, as_float64, fit_em, seed_of, validate_data
+from .fitting import RowAnswers, Stop, as_float64, fit_em, seed_of, validate_data
 
 #: scikit-learn's ``init_params`` -> ``optimize``'s ``init``
 INIT = {"kmeans": "kmeans", "k-means++": "kmeans", "random": "random", "random_from_data": "random"}
@@ -38,7 +38,7 @@ def _check_shape(value, shape: tuple[int, ...], name: str) -> np.ndarray:
     return a
 
 
-class GaussianMixture(DensityMixin, BaseEstimator):
+class GaussianMixture(RowAnswers, DensityMixin, BaseEstimator):
     """A Gaussian mixture fitted by emgrid's EM, with scikit-learn's interface.
 
     Beyond scikit-learn's parameters: ``executor`` (``"local"``, ``"multiprocessing"``,
@@ -171,35 +171,6 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     def _checked(self, X) -> np.ndarray:
         check_is_fitted(self)
         return as_float64(validate_data(self, X, dtype=[np.float64, np.float32], reset=False))
-
-    def predict(self, X):
-        """The most probable component of every row, ``(n,)`` int64."""
-        data = self._checked(X)
-        return self.model_.predict(data)
-
-    def predict_proba(self, X):
-        """Every component's posterior probability per row, ``(n, n_components)``."""
-        data = self._checked(X)
-        return self.model_.predict_proba(data)
-
-    def score_samples(self, X):
-        """The log-likelihood of every row, ``(n,)``."""
-        data = self._checked(X)
-        return self.model_.score_samples(data)
-
-    def score(self, X, y=None):
-        """The mean log-likelihood per row (higher is better)."""
-        return float(self.score_samples(X).mean())
-
-    def bic(self, X):
-        """Bayesian information criterion on ``X`` (lower is better), scikit-learn's count of parameters."""
-        data = self._checked(X)
-        return self.model_.bic(data)
-
-    def aic(self, X):
-        """Akaike information criterion on ``X`` (lower is better)."""
-        data = self._checked(X)
-        return self.model_.aic(data)
 
     def sample(self, n_samples=1):
         """``(X, y)``: ``n_samples`` rows drawn from the fitted mixture and their components."""

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 from emgrid.models import Node, from_spec
 from emgrid.models.init import INIT_METHODS
 
-from .fitting import Stop, as_float64, fit_em, seed_of, validate_data
+from .fitting import RowAnswers, Stop, as_float64, fit_em, seed_of, validate_data
 
 #: leaf families of a spec whose ``dim`` the data's columns give
 VECTOR_FAMILIES = ("DiagGaussian", "FullGaussian")
@@ -48,7 +48,7 @@ def _reads(template) -> str:
     return "vectors" if kind.startswith("vec[") else "floats" if kind == "float" else "other"
 
 
-class EMEstimator(DensityMixin, BaseEstimator):
+class EMEstimator(RowAnswers, DensityMixin, BaseEstimator):
     """Fits ``template`` by emgrid's EM; the answers are the fitted model's.
 
     ``tol`` is on the per-row mean log-likelihood, as scikit-learn's mixtures' (see
@@ -124,35 +124,6 @@ class EMEstimator(DensityMixin, BaseEstimator):
     def _checked(self, X):
         check_is_fitted(self)
         return self._data(X, reset=False)
-
-    def score_samples(self, X):
-        """The log-likelihood of every row, ``(n,)``."""
-        data = self._checked(X)
-        return self.model_.score_samples(data)
-
-    def score(self, X, y=None):
-        """The mean log-likelihood per row (higher is better)."""
-        return float(self.score_samples(X).mean())
-
-    def predict(self, X):
-        """The most probable child of the root Mixture or HMM per row."""
-        data = self._checked(X)
-        return self.model_.predict(data)
-
-    def predict_proba(self, X):
-        """The posterior weights of the root Mixture's or HMM's children per row."""
-        data = self._checked(X)
-        return self.model_.predict_proba(data)
-
-    def bic(self, X):
-        """Bayesian information criterion on ``X`` (lower is better)."""
-        data = self._checked(X)
-        return self.model_.bic(data)
-
-    def aic(self, X):
-        """Akaike information criterion on ``X`` (lower is better)."""
-        data = self._checked(X)
-        return self.model_.aic(data)
 
     def sample(self, n_samples=1):
         """``n_samples`` rows drawn from the fitted model, in emgrid's encoding."""
