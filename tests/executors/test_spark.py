@@ -284,3 +284,27 @@ def test_a_killed_task_is_replanned_when_asked_and_the_fit_ends_as_the_uninterru
     np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
     assert got.iterations == want.iterations
     assert_nothing_running(session, [])
+
+
+_LOCAL_CLUSTER = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from emgrid.executors import get, optimize
+    from emgrid.models import Gaussian, Mixture
+    from tests.executors.plans import grid_plan
+    model = Mixture([Gaussian(-1.0, 1.0), Gaussian(2.0, 1.0)], [0.5, 0.5])
+    data = model.prepare(model.sample(2000, np.random.default_rng(0)))
+    plan = grid_plan(model, 2000, 2, 1)
+    want = optimize(data, model, plan=plan, max_iter=4, tol=0.0)
+    got = optimize(data, model, plan=plan, executor=get("spark", master="local-cluster[2,1,1024]"), max_iter=4, tol=0.0)
+    print("SAME", got.log_likelihood == want.log_likelihood, len(got.log_likelihood))
+""")
+
+
+def test_a_local_cluster_of_executor_jvms_gives_the_local_trace():
+    """Two executors in JVMs of their own (``local-cluster[2,1,1024]``), the tasks in their
+    Python workers: the local trace to the last bit."""
+    proc = subprocess.run([sys.executable, "-c", _LOCAL_CLUSTER, str(ROOT)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "SAME True 4" in proc.stdout, proc.stdout + proc.stderr[-4000:]
