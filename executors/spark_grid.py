@@ -139,11 +139,13 @@ def is_local(sc) -> bool:
 
 
 # ------------------------------------------------------------------ the task side
-def _cell_task(coordinator, authkey: bytes, local: bool, specs, parts: list[bytes], source: str, reader, directory,
+def _cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory,
                regularization, blas_threads, env):
     """The barrier task of every cell (its index the task's partition): ``source`` says what
-    its partition holds, ``"frame"`` a DataFrame's ``(index, row)`` pairs, ``"rows"`` its
-    rows, ``"directory"`` nothing (it maps its rows from ``directory``)."""
+    its partition holds, ``"frame"`` a DataFrame's ``(first, blob)`` blocks, ``"rows"`` its
+    rows, ``"directory"`` nothing (it maps its rows from ``directory``). Its shard's part of
+    the starting model comes down its control connection once it connected (not with the
+    task: every task would receive every shard's)."""
 
     def run(partition):
         from pyspark import BarrierTaskContext
@@ -156,9 +158,10 @@ def _cell_task(coordinator, authkey: bytes, local: bool, specs, parts: list[byte
         host = "127.0.0.1" if local else ctx.getTaskInfos()[i].address.rsplit(":", 1)[0]
         control = no_delay(Client(coordinator, authkey=authkey))
         control.send(i)
+        part_blob = control.recv_bytes()
 
         def make_cell():
-            part = pickle.loads(parts[spec.shard])
+            part = pickle.loads(part_blob)
             if source == "frame":
                 rows = cell_rows(reader, spec, part, partition)
             elif source == "rows":
@@ -257,8 +260,8 @@ class SparkGrid(ConnGrid):
         self._done_r, self._done_w = _pipe()
         parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
         rdd, source, reader, directory = self._rdd()
-        task = _cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, parts, source, reader, directory, job.regularization, self.blas_threads,
-                          forwarded_env())
+        task = _cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
+                          job.regularization, self.blas_threads, forwarded_env())
         stage = rdd.barrier().mapPartitions(task)
 
         def run_stage():
@@ -272,19 +275,23 @@ class SparkGrid(ConnGrid):
 
         self._stage = InheritableThread(target=run_stage, daemon=True, name="emgrid-spark-stage")
         self._stage.start()
-        self._accept(n)
+        self._accept(n, parts)
+        del parts
         self.collect(dict.fromkeys(range(n)), "while starting", self.startup_timeout_s)
         self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
 
-    def _accept(self, n: int) -> None:
-        """Waits until every task has connected (or the stage ended, or the startup timeout)."""
+    def _accept(self, n: int, parts: list[bytes]) -> None:
+        """Waits until every task has connected and sends each its shard's part (``parts``,
+        pickled, by shard), or until the stage ended, or the startup timeout."""
         got: list = []
 
         def accept():
             try:
                 for _ in range(n):
                     conn = no_delay(self._listener.accept())
-                    got.append((conn.recv(), conn))
+                    i = conn.recv()
+                    conn.send_bytes(parts[self.cells[i].shard])
+                    got.append((i, conn))
             except (OSError, EOFError):
                 pass
 
