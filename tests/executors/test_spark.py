@@ -241,27 +241,34 @@ _OWN_SESSION = textwrap.dedent("""
     from pyspark import SparkContext
     from emgrid.executors import get, optimize
     from emgrid.models import Gaussian, Mixture
+    from tests.executors.plans import grid_plan
     model = Mixture([Gaussian(-1.0, 1.0), Gaussian(2.0, 1.0)], [0.5, 0.5])
-    data = model.prepare(model.sample(400, np.random.default_rng(0)))
+    data = model.prepare(model.sample(2000, np.random.default_rng(0)))
+    plan = grid_plan(model, 2000, 2, 1)
     seen = {}
 
     def callback(it, ll, result):
         seen["jvm"] = SparkContext._gateway.proc
 
-    ex = get("spark", master="local[2]")
-    res = optimize(data, model, executor=ex, max_iter=3, tol=0.0, callback=callback)
+    want = optimize(data, model, plan=plan, max_iter=3, tol=0.0)
+    res = optimize(data, model, plan=plan, executor=get("spark", master=sys.argv[2]), max_iter=3, tol=0.0,
+                   callback=callback)
     jvm = seen["jvm"]
     children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().split(")")[-1].split()[1] == str(os.getpid())]
-    print("FIT", len(res.log_likelihood), "JVM", jvm.poll() is not None, "CHILDREN", len(children), "SC",
-          SparkContext._active_spark_context is None)
+    print("SAME", res.log_likelihood == want.log_likelihood, "JVM", jvm.poll() is not None, "CHILDREN", len(children),
+          "SC", SparkContext._active_spark_context is None)
 """)
 
 
-def test_a_session_the_executor_starts_is_stopped_with_its_jvm():
-    proc = subprocess.run([sys.executable, "-c", _OWN_SESSION, str(ROOT)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "FIT 3 JVM True CHILDREN 0 SC True" in proc.stdout, proc.stdout + proc.stderr
+def test_a_session_the_executor_starts_on_a_local_cluster_is_stopped_with_its_jvms():
+    """The executor's own session on ``local-cluster[2,1,1024]`` (two executors in JVMs of
+    their own, the tasks in their Python workers): the local trace to the last bit, and after
+    the fit no JVM and no child process of this one is left (a process of its own: a process
+    holds one SparkContext at a time)."""
+    proc = subprocess.run([sys.executable, "-c", _OWN_SESSION, str(ROOT), "local-cluster[2,1,1024]"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "SAME True JVM True CHILDREN 0 SC True" in proc.stdout, proc.stdout + proc.stderr[-4000:]
 
 
 def test_a_killed_task_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(session, nested):
@@ -285,26 +292,3 @@ def test_a_killed_task_is_replanned_when_asked_and_the_fit_ends_as_the_uninterru
     assert got.iterations == want.iterations
     assert_nothing_running(session, [])
 
-
-_LOCAL_CLUSTER = textwrap.dedent("""
-    import sys, numpy as np
-    sys.path.insert(0, sys.argv[1])
-    from emgrid.executors import get, optimize
-    from emgrid.models import Gaussian, Mixture
-    from tests.executors.plans import grid_plan
-    model = Mixture([Gaussian(-1.0, 1.0), Gaussian(2.0, 1.0)], [0.5, 0.5])
-    data = model.prepare(model.sample(2000, np.random.default_rng(0)))
-    plan = grid_plan(model, 2000, 2, 1)
-    want = optimize(data, model, plan=plan, max_iter=4, tol=0.0)
-    got = optimize(data, model, plan=plan, executor=get("spark", master="local-cluster[2,1,1024]"), max_iter=4, tol=0.0)
-    print("SAME", got.log_likelihood == want.log_likelihood, len(got.log_likelihood))
-""")
-
-
-def test_a_local_cluster_of_executor_jvms_gives_the_local_trace():
-    """Two executors in JVMs of their own (``local-cluster[2,1,1024]``), the tasks in their
-    Python workers: the local trace to the last bit."""
-    proc = subprocess.run([sys.executable, "-c", _LOCAL_CLUSTER, str(ROOT)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert "SAME True 4" in proc.stdout, proc.stdout + proc.stderr[-4000:]
