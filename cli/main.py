@@ -158,11 +158,11 @@ def _n_rows(data):
 
 
 def _n_observations(model, data) -> int:
-    """The ``n`` of BIC: positions when the rows are sequences (as hmmlearn counts), else rows."""
-    from emgrid.executors import NpyDataset
+    """The ``n`` of BIC: positions when the rows are sequences (as hmmlearn counts), else rows;
+    data not in memory (a dataset on disk, a Spark DataFrame) count their own."""
     from emgrid.models.inference import n_observations
 
-    return data.n_observations() if isinstance(data, NpyDataset) else n_observations(model, data)
+    return data.n_observations() if hasattr(data, "n_observations") else n_observations(model, data)
 
 
 #: the files a fit writes under these names in its output folder (its shard files have a new
@@ -183,7 +183,7 @@ def cmd_fit(args) -> int:
     from .checkpoint import fingerprint
     from .launch import RankRecord
     from .outdir import OutputFolder
-    from .session import build_data, build_model, config_inputs, dropped_rows, table_dataset
+    from .session import build_data, build_model, config_inputs, dropped_rows, spark_table, table_dataset
 
     cfg = _config(args)
     if cfg.executor.kind == "mpi" and not _under_mpiexec():
@@ -201,6 +201,9 @@ def cmd_fit(args) -> int:
         if folder is not None:
             folder.refuse_inputs(FIT_OUTPUTS, config_inputs(cfg, args.config))
         model = build_model(cfg)
+        parquet = spark_table(cfg)
+        if parquet is not None:
+            return _fit_on_spark(cfg, args, model, parquet)
         scratch = folder.scratch("table") if folder is not None else _rank_scratch(record, "table")
         # a .parquet / .csv file: every worker reads only its rows of it (the dataset's folder
         # holds the row offsets and lives as long as the fit)
@@ -223,6 +226,23 @@ def cmd_fit(args) -> int:
     finally:
         if folder is not None:
             folder.close()
+
+
+def _fit_on_spark(cfg, args, model, table) -> int:
+    """``emgrid fit`` of a Parquet file on the spark executor: Spark reads it and binds the
+    model (``SparkExecutor.adopt``), the session held from the count to the fit's end."""
+    from emgrid.executors import get
+
+    from .checkpoint import fingerprint
+
+    options = {k: v for k, v in cfg.executor.executor_options().items() if k == "master"}
+    ex = get("spark", **options)
+    with ex.opened():
+        data, model = ex.adopt(table, model)
+        n = data.n_rows
+        plan = _plan(cfg, model, n)
+        return run_fit(cfg, model, data, plan, quiet=args.quiet, resume=args.resume, record=None,
+                       fingerprint=fingerprint(cfg, model, n, plan))
 
 
 def _release_mpi_files() -> None:

@@ -26,7 +26,7 @@ def build_model(cfg: RunConfig) -> Node:
     else:
         model = from_spec(cfg.model.inline)
     tables = _tables(cfg)
-    if tables:
+    if tables and spark_table(cfg) is None:  # Spark binds a Parquet file it reads itself
         try:
             model = bind(model, tables[0])
         except DataError as e:
@@ -43,6 +43,15 @@ def _tables(cfg: RunConfig) -> list[Table]:
     if (d.sequence_id is not None or d.drop_missing) and len(out) != len(paths):
         raise ConfigError("[data] sequence_id and drop_missing apply to .parquet and .csv files only")
     return out
+
+
+def spark_table(cfg: RunConfig) -> Table | None:
+    """The config's one ``.parquet`` file when the spark executor runs it: read by Spark
+    (``executors.spark_data``), its rows going from its partitions to the tasks."""
+    tables = _tables(cfg)
+    if cfg.executor.kind != "spark" or len(tables) != 1 or (cfg.data.paths is not None and len(cfg.data.paths) != 1):
+        return None
+    return tables[0] if str(tables[0].source).lower().endswith(".parquet") else None
 
 
 def table_dataset(cfg: RunConfig, model: Node, directory):

@@ -94,6 +94,10 @@ class SparkFrame:
             raise DataError("the DataFrame has no rows")
         return cls(frame, tree, value_lists(model, tree), names, n), model
 
+    def n_observations(self) -> int:
+        """The ``n`` of BIC: its rows (a DataFrame holds no sequences here)."""
+        return self.n_rows
+
     def offsets(self) -> list[int]:
         """The global index of each partition's first row (and the row count last): the
         partitions' sizes, counted where they are."""

@@ -62,6 +62,11 @@ STOP_GRACE_S = 10.0
 
 
 def _import_spark():
+    import warnings
+
+    # PySpark warns on every DataFrame conversion that it is not tested with pandas 3 (which
+    # emgrid's extras install); the conversions emgrid makes work, and the user cannot act on it
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     return import_extra("spark", "pyspark")
 
 

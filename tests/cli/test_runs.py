@@ -428,3 +428,27 @@ def test_replan_on_an_executor_that_cannot_is_refused(folder, capsys):
     code, err = run(folder, capsys, config=BASE + '[executor]\nkind = "mpi"\non_worker_loss = "replan"\n')
     assert code == 2
     one_error(err, "on_worker_loss", "replan", "not mpi")
+
+
+def test_a_parquet_file_is_read_by_spark_on_the_spark_executor(tmp_path, capsys, monkeypatch):
+    """``[data] path`` of Parquet with ``kind = "spark"``: Spark reads it (a string category
+    bound by its distinct values) and the fit ends with the local fit's trace."""
+    pytest.importorskip("pyspark")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs a Java runtime")
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 2, 400)
+    pq.write_table(pa.table({"x": rng.normal(size=400) + 3.0 * codes,
+                             "c": np.array(["a", "b"], dtype=object)[codes]}), tmp_path / "t.parquet")
+    config = ('[model]\ninline = { family = "Mixture", k = 2, component = { family = "Composite", children = '
+              '[ { family = "Gaussian" }, { family = "Categorical" } ], fields = ["x", "c"] } }\n'
+              '[data]\npath = "t.parquet"\n[resources]\nworkers = 2\n[fit]\nmax_iter = 4\ntol = 0.0\noutput = "out"\n')
+    code, err = run(tmp_path, capsys, "--output", "local", config=config)
+    assert code == 1, err
+    code, err = run(tmp_path, capsys, "--output", "spark", config=config + '[executor]\nkind = "spark"\n')
+    assert code == 1, err
+    local, spark = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("local", "spark"))
+    assert spark["log_likelihood"] == pytest.approx(local["log_likelihood"], rel=1e-9)
