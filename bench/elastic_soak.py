@@ -35,21 +35,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from random_models import random_model  # noqa: E402
 
 from emgrid.executors import get, optimize  # noqa: E402
+from emgrid.executors.mpi_link import ended  # noqa: E402
 from emgrid.planner import Resources, balance_plan  # noqa: E402
 
 GRIDS = [(4, 1), (2, 2), (1, 4)]
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    return not ended(pid)
 
 
 def close(a, b, rtol: float = 1e-9) -> bool:

@@ -54,7 +54,6 @@ class Elastic:
         self.active = job.on_worker_loss == "replan"
         self.grid = None
         self.replans: list[dict] = []
-        self.kept: Node | None = None  # the last completed iteration's model (while active)
 
     def start(self) -> None:
         self.grid = self.make_grid(self.job)
@@ -64,9 +63,6 @@ class Elastic:
     def close(self, failed: bool) -> None:
         if self.grid is not None:
             self.grid.close(failed)
-
-    def keep(self, model: Node) -> None:
-        self.kept = model
 
     def recover(self, error: FitError, iteration: int, model: Node) -> bool:
         """After ``error`` in ``iteration`` (the model it started from: ``model``): True when

@@ -192,19 +192,21 @@ def _columns_of(tree) -> tuple:
     return tuple(_columns_of(t) for t in tree)
 
 
+def leaf_columns(tree):
+    """Every :class:`Col` of a column tree, in order."""
+    if isinstance(tree, Col):
+        yield tree
+    elif isinstance(tree, Seq):
+        yield from leaf_columns(tree.values)
+    else:
+        for t in tree:
+            yield from leaf_columns(t)
+
+
 def needed_columns(tree) -> list[str]:
     out: list[str] = []
-
-    def visit(t):
-        if isinstance(t, Col):
-            out.extend(n for n in t.names if n not in out)
-        elif isinstance(t, Seq):
-            visit(t.values)
-        else:
-            for s in t:
-                visit(s)
-
-    visit(tree)
+    for col in leaf_columns(tree):
+        out.extend(n for n in col.names if n not in out)
     return out
 
 
@@ -546,20 +548,7 @@ def group_offsets(ids: np.ndarray, name: str, first_row: int = 0) -> np.ndarray:
 def value_lists(model: "Node", tree) -> dict[str, tuple | None]:
     """The value list of every categorical column's leaf in ``tree``, by path (None: the
     column holds the codes): what :func:`assemble` encodes with."""
-    out: dict[str, tuple | None] = {}
-
-    def visit(t):
-        if isinstance(t, Col):
-            if t.kind == "cat":
-                out[t.path] = model.node_at(t.path).values
-        elif isinstance(t, Seq):
-            visit(t.values)
-        else:
-            for c in t:
-                visit(c)
-
-    visit(tree)
-    return out
+    return {c.path: model.node_at(c.path).values for c in leaf_columns(tree) if c.kind == "cat"}
 
 
 def assemble(values: dict[str, tuple | None], tree, cols: dict[str, np.ndarray], offsets: np.ndarray | None) -> Data:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from emgrid.executors import get, optimize
+from emgrid.executors.warden import pid_alive
 from emgrid.models import n_rows
 from emgrid.models.errors import ConfigError, FitError
 from emgrid.planner import Resources
@@ -24,13 +25,6 @@ from .test_faults import deadline
 #: (grid, the resources the fit is planned for): after a loss the plan is made for the rest
 CASES = [((2, 1), 2), ((1, 2), 2), ((3, 1), 3)]
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_close_models(a, b, rtol: float = 1e-9) -> None:

@@ -15,6 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.executors.warden import pid_alive  # noqa: E402
 from emgrid.models import n_rows  # noqa: E402
 from emgrid.models.errors import FitError  # noqa: E402
 from emgrid.planner import Resources  # noqa: E402
@@ -53,13 +54,6 @@ class Cells:
         if it == 1:
             self.pids = list(self.ex.worker_pids)
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_nothing_left(pids, within_s: float = 30.0) -> None:

@@ -27,6 +27,7 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from emgrid.executors import NpyDataset, get, optimize  # noqa: E402
+from emgrid.executors.warden import pid_alive  # noqa: E402
 from emgrid.models import Categorical, Composite, DiagGaussian, Gaussian, Mixture, n_rows  # noqa: E402
 from emgrid.models.errors import ConfigError, DataError, FitError  # noqa: E402
 from emgrid.models.tables import Table  # noqa: E402
@@ -55,13 +56,6 @@ def session():
 def reference(nested):
     return local_fits(*nested)
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_nothing_running(session, pids, within_s: float = 30.0) -> None:
