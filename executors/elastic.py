@@ -14,7 +14,7 @@ The rule, for every executor whose workers are the cells of a :class:`executors.
   head included, loses nothing. The iteration in flight is redone from that model, never
   counted twice: an iteration enters the trace only once its update reached every cell and
   its model was kept.
-- **Where it goes on**: ``balance_plan`` (the same exact program) on the resources the fit
+- **Where it goes on**: ``balance_plan`` (the same exact program, the old plan its hint) on the resources the fit
   was planned for, without the lost cell's worker; the grid the executor makes for that plan
   starts, receives the kept model and runs the iteration again. ``FitResult.replans`` records
   each re-plan (iteration, worker, old and new grid, seconds lost).
@@ -79,7 +79,7 @@ class Elastic:
             survivors = self._survivors(error.worker)
             from emgrid.planner import balance_plan
 
-            plan = balance_plan(model, survivors, n_data=old.n_data)
+            plan = balance_plan(model, survivors, n_data=old.n_data, previous=old)
         except (ConfigError, InfeasiblePlanError) as e:
             error.add_note(f"not re-planned: no plan fits the workers left ({e})")
             return False

@@ -62,6 +62,17 @@ BASELINE_LPT_CELLS = 50_000
 BASELINE_SHARE = 0.1
 
 
+def previous_assignment(facts: ModelFacts, plan) -> tuple[int, np.ndarray] | None:
+    """``(M, leaf_shard)`` of ``plan`` (a :class:`planner.plan.BalancePlan` of this model), or
+    None when it has no model parallelism or names other leaves (another model's plan)."""
+    if plan is None or plan.model_parallel < 2:
+        return None
+    shard_of = plan.shard_of_leaf()
+    if set(shard_of) != set(facts.leaf_paths):
+        return None
+    return plan.model_parallel, np.array([shard_of[p] for p in facts.leaf_paths], dtype=np.int64)
+
+
 def shard_counts(n_workers: int, n_leaves: int) -> list[int]:
     """The shard counts the benchmark's baselines try: 1..64 and the powers of two beyond."""
     top = min(n_workers, n_leaves)
@@ -100,7 +111,8 @@ class Queued:
 class Search:
     """The state of one ``balance_plan`` call."""
 
-    def __init__(self, model: Node, resources: Resources, n_data: int, cfg: SolverConfig):
+    def __init__(self, model: Node, resources: Resources, n_data: int, cfg: SolverConfig,
+                 previous=None):
         self.t0 = time.perf_counter()
         self.cfg = cfg
         self.resources = resources
@@ -129,6 +141,9 @@ class Search:
         speed, memory = worker_arrays(resources)
         self.uniform = bool(np.all(speed == speed[0]) and np.all(memory == memory[0]))
         self.coordinated = coordinator_bytes(self.facts, resources) > 0 and bool(np.isfinite(memory).any())
+        #: ``(M, leaf_shard)`` of an earlier plan of this model (a re-plan's), tried on every
+        #: layout of ``M`` shards and the program's hint where it beats the heuristics'
+        self.previous = previous_assignment(self.facts, previous)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -248,6 +263,9 @@ class Search:
             layout = default_layout(self.resources, d, m)
             rows = replica_rows(self.n, speed[np.asarray(layout.grid)].min(axis=1))
             cols = columns(self.facts, self.resources, layout.grid, rows)
+            if self.previous is not None and self.previous[0] == m:
+                total, fits = self.price_leaves(self.previous[1], m, layout, rows)
+                self.offer(total, fits, d, m, layout, rows, self.previous[1], "previous")
             for name in BASELINE_HEURISTICS:
                 if name == "lpt" and (self.fine.n_units * m > BASELINE_LPT_CELLS
                                       or self.elapsed() > BASELINE_SHARE * self.cfg.time_limit_s):
@@ -334,6 +352,13 @@ class Search:
                 q.heuristic_totals.append(total)
                 if total < q.hint_total:
                     q.hint, q.hint_total = unit_shard, total
+        if self.previous is not None and self.previous[0] == m:
+            leaf_shard = self.previous[1]
+            total, fits = self.price_leaves(leaf_shard, m, layout, rows)
+            self.offer(total, fits, d, m, layout, rows, leaf_shard, "previous")
+            unit_shard = self.coarse.unit_shard(leaf_shard)
+            if fits is not False and unit_shard is not None and total < q.hint_total:
+                q.hint, q.hint_total = unit_shard, total
         if self.coarse is not self.fine:
             for name, unit_shard in run_all(self.fine, cols, names=("lpt", "contiguous")).items():
                 total, fits = self.price_leaves(unit_shard, m, layout, rows)

@@ -69,6 +69,7 @@ from .build import assemble
 from .check import check_grid, check_inputs
 from .config import SolverConfig
 from .costing import evaluate
+from .plan import BalancePlan
 from .rationale import grid_rationale, infeasible_message
 from .resources import Resources
 from .search import FLOAT_TOL, Search
@@ -79,16 +80,22 @@ def enumerate_grids(n_workers: int, n_data: int, max_m: int) -> list[tuple[int, 
 
 
 def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[int, int] | None = None,
-                 solver: SolverConfig | None = None) -> BalancePlan:
+                 solver: SolverConfig | None = None, previous: BalancePlan | None = None) -> BalancePlan:
     """The plan minimizing the predicted iteration time (see the module docstring).
 
     ``grid=(D, M)`` pins the grid; ``solver`` sets the time limit, gap, seed and workers.
+    ``previous``: an earlier plan of this model (an elastic fit's, before it lost a worker):
+    its leaves' shards are priced on every layout with as many shards, as an incumbent and
+    as the program's hint, so the result is never worse than that assignment on these
+    resources; the search is otherwise the same.
     Raises ``InfeasiblePlanError`` naming the binding constraint when nothing fits.
     """
     n = check_inputs(model, resources, n_data)
     if solver is not None and not isinstance(solver, SolverConfig):
         raise PlanError(f"solver must be a planner.SolverConfig, got {type(solver).__name__}")
-    search = Search(model, resources, n, solver or SolverConfig())
+    if previous is not None and not isinstance(previous, BalancePlan):
+        raise PlanError(f"previous must be a BalancePlan, got {type(previous).__name__}")
+    search = Search(model, resources, n, solver or SolverConfig(), previous)
     facts = search.facts
     if grid is not None:
         if not isinstance(grid, (tuple, list)) or len(grid) != 2:

@@ -215,3 +215,27 @@ def test_splits_at_any_depth_of_the_nest():
     shards_of_heavy = {s for s, cut in enumerate(plan.model_cuts) for leaf in cut.leaves
                        if leaf in {"1.1.0", "1.1.1", "1.1.2", "1.1.3"}}
     assert len(shards_of_heavy) == 4
+
+
+# ---------------------------------------------------------------- a re-plan from an earlier plan
+@pytest.mark.parametrize("model,grid", [(heavy_mixture(64, 3, 13), (1, 3)), (heavy_mixture(24, 5, 7), (2, 2))])
+def test_an_earlier_plan_bounds_a_replan_however_short_its_time(model, grid):
+    """An elastic fit's re-plan passes the plan it replaces: its leaves' shards are priced as
+    an incumbent, so even a search with no time for the solver (here the heuristics alone
+    miss the optimum of these two cases) returns a plan at least as good on the same workers."""
+    res, n = uniform(4), 20_000
+    best = plan_and_check(model, res, n, grid=grid)
+    rushed = SolverConfig(seed=0, num_workers=1, time_limit_s=0.01)
+    again = plan_and_check(model, res, n, grid=grid, solver=rushed, previous=best)
+    assert again.objective_s <= best.objective_s * (1 + 1e-9)
+    assert (again.model_parallel, again.data_parallel) == (best.model_parallel, best.data_parallel)
+
+
+def test_previous_must_be_a_plan_and_another_models_plan_is_ignored():
+    from tests.planner.helpers import small_nest
+
+    model, res = heavy_mixture(8, 1, 3), uniform(3)
+    with pytest.raises(PlanError, match="previous must be a BalancePlan, got dict"):
+        balance_plan(model, res, n_data=100, previous={})
+    other = balance_plan(small_nest(), res, n_data=100, grid=(1, 2), solver=SOLVER)
+    plan_and_check(model, res, 100, previous=other)
