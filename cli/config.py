@@ -8,7 +8,7 @@
 [resources]          # workers = 4, memory = "8GiB", flops_per_s = 2e9 | detect = "local" | "mpi" | "dask" | "ray" | "spark"
 [executor]           # kind = "local" | "multiprocessing" | "mpi" | "dask" | "ray" | "spark" (master = "local[2]"), processes = 2 (as [resources] workers),
                      # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s,
-                     # on_worker_loss = "fail" | "replan", max_replans = 3
+                     # on_worker_loss = "fail" | "replan", max_replans = 3, grow_threshold = 0.2
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
                      # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
 [solver]             # time_limit_s, relative_gap, seed, num_workers
@@ -100,6 +100,9 @@ class ExecutorSection(_Strict):
     #: re-plans on the workers left and goes on, up to max_replans times (not mpi)
     on_worker_loss: Literal["fail", "replan"] = "fail"
     max_replans: int = Field(default=3, ge=0)
+    #: with "replan": the share by which a plan on workers a Dask or Ray cluster gained must
+    #: beat the running one's predicted iteration time for the fit to move onto them
+    grow_threshold: float = Field(default=0.2, ge=0, lt=1)
     #: worker count, another name for ``[resources] workers`` (both given: they must agree)
     processes: int | None = Field(default=None, ge=1)
     #: seconds a worker may take to reach the end of an iteration before the fit stops

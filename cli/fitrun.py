@@ -133,7 +133,8 @@ class FitRun:
                               tol=f.tol, callback=self.callback, n_init=f.n_init, seed=f.seed, init=f.init,
                               init_iter=f.init_iter, reg_covar=f.reg_covar, pseudo_count=f.pseudo_count,
                               previous_log_likelihood=self.resumed_trace[-1] if self.resumed_trace else None,
-                              on_worker_loss=cfg.executor.on_worker_loss, max_replans=cfg.executor.max_replans)
+                              on_worker_loss=cfg.executor.on_worker_loss, max_replans=cfg.executor.max_replans,
+                              grow_threshold=cfg.executor.grow_threshold)
         return result, [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
                         and not str(w.message).startswith("not converged")]  # the summary's note says it
 
@@ -143,9 +144,13 @@ class FitRun:
 
         at = self.done + iteration
         for r in so_far.replans[self.replans_said if self.lead else len(so_far.replans):]:  # a line each; it goes on
-            self.progress.note(f"emgrid: re-planned: {r['reason']}; iteration {self.done + r['iteration']} redone on "
-                               f"{r['new_grid'][0]}x{r['new_grid'][1]} (was {r['old_grid'][0]}x{r['old_grid'][1]}), "
-                               f"{r['seconds_lost']:.2f} s lost")
+            grids = f"{r['new_grid'][0]}x{r['new_grid'][1]} (was {r['old_grid'][0]}x{r['old_grid'][1]})"
+            if r.get("kind") == "growth":
+                self.progress.note(f"emgrid: grew: {r['reason']}; from iteration {self.done + r['iteration'] + 1} on "
+                                   f"{grids}, {r['seconds_lost']:.2f} s to move")
+            else:
+                self.progress.note(f"emgrid: re-planned: {r['reason']}; iteration {self.done + r['iteration']} redone "
+                                   f"on {grids}, {r['seconds_lost']:.2f} s lost")
         self.replans_said = len(so_far.replans)
         shards = so_far.shards  # the model after this iteration, on the grid (so_far.model may be None)
         if self.hold:  # with its iteration: a signal between the two lines below keeps them apart

@@ -46,7 +46,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
              init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
              previous_log_likelihood: float | None = None, gather: bool | None = None,
              init_callback: Callback | None = None, on_worker_loss: str = "fail",
-             max_replans: int = 3) -> FitResult:
+             max_replans: int = 3, grow_threshold: float | None = 0.2) -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -86,6 +86,9 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       ``"replan"`` re-plans on the workers left and goes on from the last completed
       iteration, up to ``max_replans`` times (``executors.elastic``; multiprocessing, Dask,
       Ray and Spark: an MPI job ends with any of its ranks). ``FitResult.replans`` lists them.
+      An elastic fit also moves onto workers a Dask or Ray cluster gains, at an iteration's
+      end, when their plan's predicted iteration time is more than ``grow_threshold`` (a
+      share, default 0.2; None: never) below the running plan's.
     - ``gather``: whether the fitted model is gathered into ``FitResult.model`` (None: when it
       fits in memory, ``executors.loop.fits_here``); it is always in ``FitResult.shards``.
     - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
@@ -108,12 +111,12 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     _check_count(init_iter, "init_iter", 1)
     if init not in INIT_METHODS:
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
-    check_on_worker_loss(on_worker_loss, max_replans)
+    check_on_worker_loss(on_worker_loss, max_replans, grow_threshold)
     if on_worker_loss == "replan" and ex.name in ("local", "mpi"):
         raise ConfigError(f"on_worker_loss='replan' needs an executor whose workers can be lost and replaced "
                           f"(multiprocessing, dask, ray, spark), not {ex.name!r}"
                           + (": an MPI job ends with any of its ranks" if ex.name == "mpi" else ""))
-    elastic = {"on_worker_loss": on_worker_loss, "max_replans": max_replans}
+    elastic = {"on_worker_loss": on_worker_loss, "max_replans": max_replans, "grow_threshold": grow_threshold}
     reg = Regularization(reg_covar=reg_covar, pseudo_count=pseudo_count)
     reg = reg if reg.active else None
     with ex.opened() if hasattr(ex, "opened") else nullcontext():

@@ -181,6 +181,11 @@ class CellGrid:
         """``payload`` as it is passed to many cells (an engine may store it once)."""
         return payload
 
+    def resources_now(self):
+        """The workers the engine has now (:class:`planner.Resources`), for an elastic fit's
+        growth (:meth:`executors.elastic.Elastic.grow`); None: the engine cannot gain any."""
+        return None
+
     def start(self) -> None:
         """Starts every cell (they open their rows) and links them."""
         raise NotImplementedError

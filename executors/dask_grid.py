@@ -139,6 +139,9 @@ class DaskGrid(CellGrid):
                     raise WorkerLost(f"{self.who(i)} died {when} (the scheduler lost its worker)", i,
                                      self.cells[i].name)
 
+    def resources_now(self) -> Resources:
+        return Resources.from_dask(self.client)
+
     # ------------------------------------------------------------ placement and start
     def _placement(self) -> list[str]:
         slots = dask_slots(self.client.scheduler_info(n_workers=-1)["workers"])

@@ -20,6 +20,15 @@ The rule, for every executor whose workers are the cells of a :class:`executors.
   each re-plan (iteration, worker, old and new grid, seconds lost).
 - After ``max_replans`` re-plans, or when no plan fits the survivors, the loss ends the fit as
   with ``"fail"`` (a note says why).
+
+Growth: at an iteration's end (at most every :data:`GROW_CHECK_S`), an elastic fit asks the
+engine for its workers (:meth:`executors.cellgrid.CellGrid.resources_now`: Dask and Ray
+report theirs). When some are new, ``balance_plan`` plans the fit on the old resources plus
+them; when that plan's predicted iteration time beats the running plan's by more than
+``grow_threshold`` (a share, default 0.2), the fit goes on from the iteration's model on the
+new grid (a ``"growth"`` entry of ``FitResult.replans``), else the offer is recorded in
+``FitResult.growth_declined`` and not made again for the same workers. Growth is not a
+re-plan after a loss: ``max_replans`` does not count it.
 """
 
 from __future__ import annotations
@@ -37,13 +46,18 @@ from .protocol import FitJob
 
 #: ``on_worker_loss`` values.
 ON_WORKER_LOSS = ("fail", "replan")
+#: Least seconds between two looks for new workers (each asks the engine's scheduler).
+GROW_CHECK_S = 1.0
 
 
-def check_on_worker_loss(on_worker_loss, max_replans) -> None:
+def check_on_worker_loss(on_worker_loss, max_replans, grow_threshold=0.2) -> None:
     if on_worker_loss not in ON_WORKER_LOSS:
         raise ConfigError(f"on_worker_loss must be one of {', '.join(ON_WORKER_LOSS)}, got {on_worker_loss!r}")
     if isinstance(max_replans, bool) or not isinstance(max_replans, int) or max_replans < 0:
         raise ConfigError(f"max_replans must be an integer >= 0, got {max_replans!r}")
+    if grow_threshold is not None and (isinstance(grow_threshold, bool) or not isinstance(grow_threshold, (int, float))
+                                       or not 0 <= grow_threshold < 1):
+        raise ConfigError(f"grow_threshold must be a number in [0, 1) or None, got {grow_threshold!r}")
 
 
 class Elastic:
@@ -54,6 +68,9 @@ class Elastic:
         self.active = job.on_worker_loss == "replan"
         self.grid = None
         self.replans: list[dict] = []
+        self.declined: list[dict] = []
+        self._looked = -GROW_CHECK_S  # the first iteration's end looks
+        self._offered: frozenset[str] = frozenset()
 
     def start(self) -> None:
         self.grid = self.make_grid(self.job)
@@ -83,15 +100,60 @@ class Elastic:
         except (ConfigError, InfeasiblePlanError) as e:
             error.add_note(f"not re-planned: no plan fits the workers left ({e})")
             return False
-        self.grid.close(True)
-        self.grid = None
-        self.job = replace(self.job, plan=plan, model=model, resources=survivors)
-        self.start()
-        self.replans.append({"iteration": iteration, "worker": error.worker, "reason": str(error),
+        self._move(plan, model, survivors, failed=True)
+        self.replans.append({"kind": "loss", "iteration": iteration, "worker": error.worker, "reason": str(error),
                              "old_grid": [old.data_parallel, old.model_parallel],
                              "new_grid": [plan.data_parallel, plan.model_parallel],
                              "seconds_lost": perf_counter() - t0})
         return True
+
+    def grow(self, iteration: int, model: Node) -> bool:
+        """At the end of ``iteration`` (its model: ``model``): True when the fit moved to a
+        grid with workers the engine gained (``self.grid``, started, not yet given a model)."""
+        threshold = self.job.grow_threshold
+        if not self.active or threshold is None or perf_counter() - self._looked < GROW_CHECK_S:
+            return False
+        found = self.grid.resources_now()
+        self._looked = perf_counter()
+        if found is None:
+            return False
+        old = self.job.plan
+        base = self.job.resources
+        known = {w.name for w in base.workers} if base is not None else {w for row in old.worker_grid() for w in row}
+        new = tuple(w for w in found.workers if w.name not in known)
+        names = frozenset(w.name for w in new)
+        if not new or names == self._offered:
+            return False
+        self._offered = names
+        t0 = perf_counter()
+        grown = found if base is None else base.model_copy(update={"workers": base.workers + new})
+        from emgrid.planner import balance_plan
+
+        try:
+            plan = balance_plan(model, grown, n_data=old.n_data, previous=old)
+        except (ConfigError, InfeasiblePlanError):
+            return False
+        said = {"iteration": iteration, "workers": sorted(names), "old_grid": [old.data_parallel, old.model_parallel],
+                "new_grid": [plan.data_parallel, plan.model_parallel],
+                "predicted_s": plan.predicted_iteration_s, "was_predicted_s": old.predicted_iteration_s}
+        if not plan.predicted_iteration_s < (1 - threshold) * old.predicted_iteration_s:
+            self.declined.append(said)
+            return False
+        self._move(plan, model, grown, failed=False)
+        self.replans.append({"kind": "growth", **said, "worker": None,
+                             "reason": f"{len(new)} new worker(s) ({', '.join(sorted(names))}), predicted "
+                                       f"{plan.predicted_iteration_s:.3g} s per iteration instead of "
+                                       f"{old.predicted_iteration_s:.3g}",
+                             "seconds_lost": perf_counter() - t0})
+        return True
+
+    def _move(self, plan, model: Node, resources: Resources, failed: bool) -> None:
+        """The fit onto ``plan``'s grid: the old one closed (``failed``: it may be stuck), the
+        new one started."""
+        self.grid.close(failed)
+        self.grid = None
+        self.job = replace(self.job, plan=plan, model=model, resources=resources)
+        self.start()
 
     def _survivors(self, lost: str) -> Resources:
         """The resources the fit was planned for, without ``lost``'s worker (the executor's

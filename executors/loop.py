@@ -150,6 +150,13 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
         sent = len(layout) * sum(payloads.size(s) for s in range(len(payloads)))
         return view, view.skeleton(model), sent, perf_counter() - t0
 
+    def moved(grid: Grid):
+        """After a re-plan: the result names the new plan, and the kept model goes to ``grid``."""
+        result.plan = elastic.job.plan
+        result.replans = list(elastic.replans)
+        result.growth_declined = list(elastic.declined)
+        return begin(grid, kept)
+
     view, skeleton, sent, bcast_s = begin(grid, model)
     result.shards = Shards.held(view, model)
     kept = model if keeping else None
@@ -173,10 +180,7 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
         except FitError as e:
             if not keeping or not elastic.recover(e, it, kept):
                 raise
-            grid = elastic.grid
-            result.plan = elastic.job.plan
-            result.replans = list(elastic.replans)
-            view, skeleton, sent, bcast_s = begin(grid, kept)
+            grid, (view, skeleton, sent, bcast_s) = elastic.grid, moved(elastic.grid)
             continue  # the same iteration, on the new grid
         skeleton = new_skeleton
         if keeping:
@@ -202,7 +206,11 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
         if result.converged:
             break
         previous = ll
+        if keeping and it < max_iter and elastic.grow(it, kept):  # the next iteration on the grown grid
+            grid, (view, skeleton, sent, bcast_s) = elastic.grid, moved(elastic.grid)
         it += 1
+    if keeping:
+        result.growth_declined = list(elastic.declined)
     if gather:
         result.model = kept if keeping and result.iterations else result.shards.gather()
         result.shards = Shards.held(view, result.model)

@@ -53,6 +53,9 @@ class FitJob:
     #: ``"replan"`` goes on, re-planned without it, up to ``max_replans`` times
     on_worker_loss: str = "fail"
     max_replans: int = 3
+    #: an elastic fit re-plans onto workers the engine gained when the predicted iteration
+    #: time improves by more than this share (None: never grows)
+    grow_threshold: float | None = 0.2
     #: the resources the plan was made for (None: a plan given without them)
     resources: Resources | None = None
 

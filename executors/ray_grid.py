@@ -155,6 +155,9 @@ class RayGrid(CellGrid):
                     for spec in self.cells]
         return [dict(common, scheduling_strategy="SPREAD") if len(nodes) > 1 else common for _ in self.cells]
 
+    def resources_now(self) -> Resources:
+        return Resources.from_ray()
+
     def start(self) -> None:
         ray = _import_ray()
         job = self.job

@@ -54,10 +54,13 @@ class FitResult:
       ``init_traces``: per start, the log-likelihood of each of its refining iterations (in
       start order; its last entry is ``init_log_likelihoods``' one; a start equal to an
       earlier one, refined once, repeats that one's trace). ``n_init``: the number of starts.
-    - ``replans``: each re-plan of an elastic fit (``on_worker_loss="replan"``): the
-      iteration redone, the lost worker, why, the old and new grid, and the seconds from the
-      loss to the new grid's start (``executors.elastic``); empty otherwise. ``plan`` is then
-      the last grid's.
+    - ``replans``: each re-plan of an elastic fit (``on_worker_loss="replan"``,
+      ``executors.elastic``), its ``kind``: ``"loss"`` (the iteration redone, the lost
+      worker, why, the old and new grid, the seconds from the loss to the new grid's start)
+      or ``"growth"`` (the iteration after which the fit moved onto new workers, which, the
+      grids, both plans' predicted seconds per iteration, the seconds the move took); empty
+      otherwise. ``plan`` is then the last grid's. ``growth_declined``: new workers an
+      elastic fit did not take, as a growth entry (its plan did not beat ``grow_threshold``).
     - ``start``: inside ``optimize``'s ``init_callback``, the index of the start being
       refined (0-based, of ``n_init``); None in the final run and in the returned result.
     """
@@ -80,6 +83,7 @@ class FitResult:
     n_init: int = 0
     start: int | None = None
     replans: list[dict] = field(default_factory=list)
+    growth_declined: list[dict] = field(default_factory=list)
     shards: "Shards | None" = field(default=None, repr=False)
     #: ``models.diagnose.fit_warnings`` of a model left on the grid (read before its workers stopped)
     warnings: list[str] = field(default_factory=list)
