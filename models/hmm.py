@@ -25,7 +25,8 @@ from .base import Internal
 from .categorical import floor_probs
 from .cost import NodeCost, stat_bytes
 from .data import Ragged
-from .floors import LOG_CLAMP, MIN_WEIGHT
+from .floors import MIN_WEIGHT
+from .hmm_steps import TimeMajor, backward, forward, shifted_emissions, transition_counts
 from .mixture import sample_by_label
 from .schema import POSITIVE, SIMPLEX, Children, Param, frozen
 from .sequence import known_length, prepare_ragged
@@ -168,27 +169,21 @@ class HMM(Internal):
         return data.values
 
     def _combine(self, data, child_lds, shifted):
-        B = np.array(child_lds, dtype=np.float64).T.copy()  # (positions, K)
-        m = B.max(axis=1)
-        m = np.where(np.isfinite(m), m, 0.0)
-        B -= m[:, None]
-        np.maximum(B, LOG_CLAMP, out=B)
-        np.exp(B, out=B)
+        """The scan or the step loop (:mod:`models.hmm_steps`). ``aux`` is consumed by the one
+        ``_distribute`` of its pass: the loop's backward recursion overwrites its emissions."""
+        E, m = shifted_emissions(child_lds)
         if _scans(data, self.n_states):
+            B = np.ascontiguousarray(E.T)
+            del E
             alpha, c, scan = self._forward_scan(data, B)
             return data.segment_sum(np.log(c) + m), (B, alpha, c, scan)
-        sched = _Schedule(data)
-        alpha = np.empty_like(B)
-        c = np.ones(B.shape[0])
-        A = self.transitions
-        for t in range(sched.t_max):
-            idx = sched.positions(t)
-            a = (self.initial * B[idx]) if t == 0 else (alpha[idx - 1] @ A) * B[idx]
-            s = np.maximum(a.sum(axis=1), _TINY)
-            alpha[idx] = a / s[:, None]
-            c[idx] = s
-        ld = data.segment_sum(np.log(c) + m)
-        return ld, (B, alpha, c, sched)
+        tm = TimeMajor(data)
+        B = tm.rows_of(E)
+        del E
+        alpha, c = forward(tm, B, self.transitions, self.initial)
+        per_row = np.log(c)
+        per_row += tm.vector_of(m)
+        return tm.per_sequence(per_row), (B, alpha, c, tm)
 
     def _forward_scan(self, data, B):
         """Scaled forward probabilities and normalizers of every position by the scan, and
@@ -237,24 +232,25 @@ class HMM(Internal):
     def _distribute(self, data, w, child_lds, ld, aux):
         B, alpha, c, sched = aux
         A = self.transitions
-        k = self.n_states
-        wpos = np.repeat(w, data.lengths)
         if isinstance(sched, _Scan):
+            wpos = np.repeat(w, data.lengths)
             beta, xi = self._backward_scan(B, alpha, c, sched, wpos)
+            xi *= A
+            gamma = alpha * beta
+            gamma *= wpos[:, None]
+            first = data.offsets[:-1][data.lengths > 0]
+            init = gamma[first].sum(axis=0)
+            W = np.ascontiguousarray(gamma.T)
         else:
-            beta = np.ones_like(B)
-            xi = np.zeros((k, k))
-            for t in range(sched.t_max - 1, 0, -1):
-                idx = sched.positions(t)
-                G = B[idx] * beta[idx] / c[idx][:, None]
-                beta[idx - 1] = G @ A.T
-                xi += alpha[idx - 1].T @ (G * wpos[idx][:, None])
-        xi *= A
-        gamma = alpha * beta
-        gamma *= wpos[:, None]
-        first = data.offsets[:-1][data.lengths > 0]
-        init = gamma[first].sum(axis=0)
-        W = np.ascontiguousarray(gamma.T)
+            beta = backward(sched, B, c, A)
+            row_w = sched.row_weights(w)
+            xi = transition_counts(sched, alpha, B, row_w)
+            xi *= A
+            del B
+            gamma = np.multiply(beta, alpha, out=beta)
+            gamma *= row_w[:, None]
+            init = gamma[: sched.active[0]].sum(axis=0) if sched.t_max else np.zeros(self.n_states)
+            W = sched.columns_of(gamma)
         return W, (init, xi, float(w.sum()), float(w @ data.lengths))
 
     def _estimate(self, own, children):

@@ -107,5 +107,7 @@ def test_bad_elastic_options_are_refused_by_name():
         optimize(data, model, executor="multiprocessing", on_worker_loss="retry")
     with pytest.raises(ConfigError, match="max_replans must be an integer >= 0, got -1"):
         optimize(data, model, executor="multiprocessing", on_worker_loss="replan", max_replans=-1)
+    with pytest.raises(ConfigError, match=r"grow_threshold must be a number in \[0, 1\) or None, got 1.5"):
+        optimize(data, model, executor="multiprocessing", on_worker_loss="replan", grow_threshold=1.5)
     with pytest.raises(ConfigError, match="not 'local'"):
         optimize(data, model, on_worker_loss="replan")
