@@ -11,7 +11,8 @@ The rule, for every executor whose workers are the cells of a :class:`executors.
   coordinator keeps while it runs elastic: after each iteration's update it gathers the
   shards' new subtrees from the heads (the bytes of the model once per iteration, counted in
   ``bytes_moved["broadcast"]``), so a loss at any moment of the next iteration, a column's
-  head included, loses nothing. The iteration in flight is redone from that model, never
+  head included, loses nothing. A model larger than a quarter of the coordinator's free
+  memory is refused before the fit starts. The iteration in flight is redone from that model, never
   counted twice: an iteration enters the trace only once its update reached every cell and
   its model was kept.
 - **Where it goes on**: ``balance_plan`` (the same exact program, the old plan its hint) on the resources the fit
@@ -41,6 +42,7 @@ from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError, InfeasiblePlanError
 from emgrid.planner.resources import Resources
 
+from . import loop
 from .cellgrid import WorkerLost
 from .protocol import FitJob
 
@@ -66,6 +68,11 @@ class Elastic:
     def __init__(self, executor, make_grid: Callable[[FitJob], object], job: FitJob):
         self.executor, self.make_grid, self.job = executor, make_grid, job
         self.active = job.on_worker_loss == "replan"
+        if self.active and not loop.fits_here(job.model):
+            raise ConfigError(f"on_worker_loss='replan' keeps each iteration's model on the coordinator "
+                              f"({loop.param_bytes(job.model)} bytes of parameters), more than a quarter of the "
+                              f"memory this machine has free; fit with on_worker_loss='fail' (a checkpoint resumes "
+                              f"a lost fit)")
         self.grid = None
         self.replans: list[dict] = []
         self.declined: list[dict] = []

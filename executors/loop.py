@@ -176,7 +176,7 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
                 sent += grid.update(new_skeleton, skeleton_payload(new_skeleton))
                 if keeping:  # the iteration's model, kept before the iteration counts
                     kept_now = Shards(view, new_skeleton, grid.fetch).gather()
-                    sent += sum(a.nbytes for _, node in kept_now.nodes() for a in node.params().values())
+                    sent += param_bytes(kept_now)
         except FitError as e:
             if not keeping or not elastic.recover(e, it, kept):
                 raise
@@ -219,10 +219,15 @@ def _em(grid: Grid, job: FitJob, model: Node, max_iter: int, callback, executor:
     return result
 
 
+def param_bytes(model: Node) -> int:
+    """The bytes of the model's parameters."""
+    return sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
+
+
 def fits_here(model: Node) -> bool:
     """Whether the whole model takes at most a quarter of the memory this machine has free
     (``MemAvailable``; True where it cannot be read)."""
-    need = sum(a.nbytes for _, node in model.nodes() for a in node.params().values())
+    need = param_bytes(model)
     try:
         with open("/proc/meminfo") as f:
             free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

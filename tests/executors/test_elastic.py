@@ -111,3 +111,17 @@ def test_bad_elastic_options_are_refused_by_name():
         optimize(data, model, executor="multiprocessing", on_worker_loss="replan", grow_threshold=1.5)
     with pytest.raises(ConfigError, match="not 'local'"):
         optimize(data, model, on_worker_loss="replan")
+
+
+def test_a_model_the_coordinator_cannot_keep_is_refused_before_any_work(monkeypatch):
+    """The coordinator keeps each iteration's model of an elastic fit: one larger than a
+    quarter of its free memory is refused by name, not found out by running out of it."""
+    import emgrid.executors.loop as loop
+
+    monkeypatch.setattr(loop, "fits_here", lambda model: False)
+    model = blocky_model()
+    data = blocky_data(model)
+    with deadline(120), pytest.raises(ConfigError, match=r"on_worker_loss='replan' keeps each iteration's model "
+                                                          r"on the coordinator \(\d+ bytes of parameters\)"):
+        optimize(data, model, plan=grid_plan(model, ROWS, 2, 1), executor="multiprocessing", max_iter=3,
+                 on_worker_loss="replan", gather=True)
