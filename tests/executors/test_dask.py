@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -24,23 +25,33 @@ from emgrid.planner import Resources  # noqa: E402
 from .actor_checks import GRIDS, assert_same_fit, assert_same_model, grid_id, local_fits  # noqa: E402
 from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
 from .plans import assert_same_trace, grid_plan  # noqa: E402
+from .test_elastic import assert_close_models  # noqa: E402
 from .test_faults import deadline  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def client():
+@contextmanager
+def dask_cluster(n_workers: int):
     """The cluster the executor would start (``local_cluster``: loopback, quiet, its folders in
-    a scratch folder), started once for the module and passed to every fit as a client."""
+    a scratch folder) and a client of it, stopped after."""
     from emgrid.executors.dask_grid import local_cluster
     from emgrid.executors.scratch import Scratch
 
     scratch = Scratch("dask")
-    cluster = local_cluster(2, 1, scratch)
+    cluster = local_cluster(n_workers, 1, scratch)
     c = distributed.Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
-    scratch.close()
+    try:
+        yield cluster, c
+    finally:
+        c.close()
+        cluster.close()
+        scratch.close()
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two workers, started once for the module and passed to every fit as a client."""
+    with dask_cluster(2) as (_, c):
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -265,17 +276,9 @@ def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterru
 # ---------------------------------------------------------------- an elastic fit grows
 @pytest.fixture
 def one_worker_cluster():
-    """A cluster of one worker, as the executor would start it, that a test scales up."""
-    from emgrid.executors.dask_grid import local_cluster
-    from emgrid.executors.scratch import Scratch
-
-    scratch = Scratch("dask")
-    cluster = local_cluster(1, 1, scratch)
-    c = distributed.Client(cluster)
-    yield cluster, c
-    c.close()
-    cluster.close()
-    scratch.close()
+    """A cluster of one worker that a test scales up."""
+    with dask_cluster(1) as got:
+        yield got
 
 
 def growing_fit(cluster, client, n_rows_: int):
@@ -310,9 +313,7 @@ def test_a_worker_that_joins_is_used_from_the_next_iteration_when_it_pays(one_wo
     assert (got.plan.data_parallel, got.plan.model_parallel) == tuple(grew["new_grid"])
     assert got.iterations == want.iterations == 6 and not got.growth_declined
     np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
-    for (path, a), (_, b) in zip(got.model.nodes(), want.model.nodes()):
-        for k, v in a.params().items():
-            np.testing.assert_allclose(v, b.params()[k], rtol=1e-9, atol=1e-12, err_msg=f"{path}.{k}")
+    assert_close_models(got.model, want.model)
     assert_nothing_left(one_worker_cluster[1])
 
 
@@ -324,3 +325,38 @@ def test_a_worker_that_joins_is_left_alone_when_it_does_not_pay(one_worker_clust
     (offer,) = got.growth_declined
     assert not offer["predicted_s"] < 0.8 * offer["was_predicted_s"]
     np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_killed_worker_of_three_is_replanned_on_the_two_left(nested, seed):
+    """A 3x1 fit planned for a cluster of three workers (by their names): one killed at a
+    random iteration; the re-plan excludes it (its nanny's new process, under the same name,
+    is an offer to grow, declined or taken by the rule), and the fit ends as the
+    uninterrupted one; nothing stays on the cluster."""
+    import random
+
+    from emgrid.planner import SolverConfig, balance_plan
+
+    from .test_elastic import Killer
+
+    model, data = nested
+    n = n_rows(model.prepare(data))
+    with dask_cluster(3) as (_, c):
+        resources = Resources.from_dask(c)
+        plan = balance_plan(model, resources, n_data=n, grid=(3, 1), solver=SolverConfig(seed=0, num_workers=1))
+        want = optimize(data, model, plan=plan, max_iter=40, tol=1e-7)
+        rng = random.Random(f"dask-3x1-{seed}")
+        ex = get("dask", address=c)
+        kill = Killer(ex, rng.randint(1, min(4, want.iterations - 1)), 3, rng)
+        with deadline(240):
+            got = optimize(data, model, plan=plan, resources=resources, executor=ex, max_iter=40, tol=1e-7,
+                           callback=kill, on_worker_loss="replan")
+        (lost,) = [r for r in got.replans if r["kind"] == "loss"]
+        assert lost["iteration"] == kill.at + 1 and lost["old_grid"] == [3, 1]
+        assert lost["worker"] == plan.per_worker[kill.cell].name
+        assert lost["new_grid"][0] * lost["new_grid"][1] <= 2
+        assert got.iterations == want.iterations
+        np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+        assert_close_models(got.model, want.model)
+        c.wait_for_workers(3, timeout=60)
+        assert_nothing_left(c)
