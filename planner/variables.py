@@ -6,15 +6,15 @@ tree (``planner.units``):
 - ``x[u][s]``: unit ``u`` is on shard ``s``;
 - ``own[i][s]``: every unit below node ``i`` is on shard ``s`` (the node is evaluated by
   that shard alone);
-- ``split[i]``: the node's units lie on two or more shards (``split[i] + sum_s own[i][s] = 1``),
+- ``spanning[i]``: the node's units lie on two or more shards (``spanning[i] + sum_s own[i][s] = 1``),
   so every shard evaluates it;
 - ``count[k][s]``: how many units of class ``k`` of interchangeable units are on shard
   ``s`` (``= sum_{u in k} x[u][s]``); sums over units use these, which gives the search
   integer quantities to branch on instead of many equivalent booleans.
 
-A node is *evaluated* by shard ``s`` exactly when ``own[i][s] + split[i] = 1``; a unit when
-``x[u][s] = 1``. With ``M > 1`` the root is split (every shard holds a unit), so its
-``own`` and ``split`` are constants.
+A node is *evaluated* by shard ``s`` exactly when ``own[i][s] + spanning[i] = 1``; a unit when
+``x[u][s] = 1``. With ``M > 1`` the root is spanning (every shard holds a unit), so its
+``own`` and ``spanning`` are constants.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ class ShardVars:
         self.m = m
         self.x = [[model.new_bool_var(f"x[{u},{s}]") for s in range(m)] for u in range(ut.n_units)]
         self.own: list[list] = []
-        self.split: list = []
+        self.spanning: list = []
         for i in range(ut.n_internal):
             if i == 0 and m > 1:
                 self.own.append([0] * m)
-                self.split.append(1)
+                self.spanning.append(1)
             else:
                 self.own.append([model.new_bool_var(f"own[{i},{s}]") for s in range(m)])
-                self.split.append(model.new_bool_var(f"split[{i}]"))
+                self.spanning.append(model.new_bool_var(f"spanning[{i}]"))
         self.classes = [k for k in unit_classes(ut) if len(k) > 1]
         self.count = []
         for j, k in enumerate(self.classes):
@@ -52,9 +52,9 @@ class ShardVars:
             self.count.append(row)
 
     def evaluated_sum(self, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int,
-                      split_coef: np.ndarray | None = None):
-        """``sum_u c_u x[u][s] + sum_i (c_i own[i][s] + c'_i split[i])`` with integer
-        coefficients (``c' = split_coef``, default ``c``)."""
+                      spanning_coef: np.ndarray | None = None):
+        """``sum_u c_u x[u][s] + sum_i (c_i own[i][s] + c'_i spanning[i])`` with integer
+        coefficients (``c' = spanning_coef``, default ``c``)."""
         terms, coefs = [], []
         const = 0
         grouped = set()
@@ -69,35 +69,35 @@ class ShardVars:
             if c and u not in grouped:
                 terms.append(self.x[u][s])
                 coefs.append(int(c))
-        split_coef = internal_coef if split_coef is None else split_coef
+        spanning_coef = internal_coef if spanning_coef is None else spanning_coef
         pairs = [(self.own[i][s], c) for i, c in enumerate(internal_coef) if c]
-        pairs += [(self.split[i], c) for i, c in enumerate(split_coef) if c]
+        pairs += [(self.spanning[i], c) for i, c in enumerate(spanning_coef) if c]
         return cp_model.LinearExpr.weighted_sum(terms, coefs) + const + _linear(pairs)
 
     def evaluated_max(self, model: cp_model.CpModel, unit_coef: np.ndarray, internal_coef: np.ndarray, s: int,
-                      name: str, split_coef: np.ndarray | None = None):
+                      name: str, spanning_coef: np.ndarray | None = None):
         """An integer variable ``>= c`` for every unit and internal node evaluated on shard
-        ``s`` (``split_coef`` for a split internal node, default ``internal_coef``): their
+        ``s`` (``spanning_coef`` for a spanning internal node, default ``internal_coef``): their
         largest ``c`` when minimized; 0 when every ``c`` is 0."""
-        split_coef = internal_coef if split_coef is None else split_coef
-        always = [int(c) for i, c in enumerate(split_coef) if isinstance(self.split[i], int) and self.split[i] == 1]
-        floor = max(always, default=0)  # the root, split on every shard when M > 1
+        spanning_coef = internal_coef if spanning_coef is None else spanning_coef
+        always = [int(c) for i, c in enumerate(spanning_coef) if isinstance(self.spanning[i], int) and self.spanning[i] == 1]
+        floor = max(always, default=0)  # the root, spanning every shard when M > 1
         top = max(floor, int(max(unit_coef, default=0)), int(max(internal_coef, default=0)),
-                  int(max(split_coef, default=0)))
+                  int(max(spanning_coef, default=0)))
         if top == floor:
             return floor
         t = model.new_int_var(floor, top, name)
         lits = [(self.x[u][s], c) for u, c in enumerate(unit_coef)]
         lits += [(self.own[i][s], c) for i, c in enumerate(internal_coef)]
-        lits += [(self.split[i], c) for i, c in enumerate(split_coef)]
+        lits += [(self.spanning[i], c) for i, c in enumerate(spanning_coef)]
         for lit, c in lits:
             if c > floor and not isinstance(lit, int):
                 model.add(t >= int(c)).only_enforce_if(lit)
         return t
 
-    def split_sum(self, coef: np.ndarray):
-        """``sum_i c_i split[i]`` with integer coefficients."""
-        return _linear([(self.split[i], c) for i, c in enumerate(coef) if c])
+    def spanning_sum(self, coef: np.ndarray):
+        """``sum_i c_i spanning[i]`` with integer coefficients."""
+        return _linear([(self.spanning[i], c) for i, c in enumerate(coef) if c])
 
     def shard_of(self, solver: cp_model.CpSolver, u: int) -> int:
         return next(s for s in range(self.m) if solver.boolean_value(self.x[u][s]))
@@ -123,7 +123,7 @@ class ShardVars:
             whole = next(iter(shards[i])) if len(shards[i]) == 1 else -1
             for s in range(m):
                 model.add_hint(self.own[i][s], s == whole)
-            model.add_hint(self.split[i], whole < 0)
+            model.add_hint(self.spanning[i], whole < 0)
 
 
 def _linear(pairs):

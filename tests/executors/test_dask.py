@@ -115,7 +115,6 @@ def test_resources_read_the_cluster_and_plans_place_cells_on_it(client, nested, 
     assert {w.memory_bytes for w in res.workers} == {w["memory_limit"] for w in info.values()}
     assert all("@" in w.name for w in res.workers)
     model, data = nested
-    n = n_rows(model.prepare(data))
     fitted = optimize(data, model, resources=res, executor=get("dask", address=client), max_iter=3, tol=0.0)
     assert fitted.plan.workers_used <= 2
     assert {p.name for p in fitted.plan.per_worker} <= {w.name for w in res.workers}
