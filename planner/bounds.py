@@ -1,36 +1,36 @@
 """Analytic lower bounds of the iteration time, valid for every assignment of a grid.
 
-With ``m > 1`` shards the root is split (every shard holds a leaf) and the split nodes
-form a top part of the tree whose *owned roots* (its unsplit children) number at least
+With ``m > 1`` shards the root is spanning (every shard holds a leaf) and the spanning
+nodes form a top part of the tree whose *owned roots* (its non-spanning children) number at least
 ``m``. A tree knapsack (:func:`min_cuts`) gives, for every ``k``, the least total of a
-cost over the split nodes, or over the owned roots, of any such cut with ``k`` or more
-owned roots: ``X_split(k)`` for FLOPs, statistics, parameters, fixed and working bytes,
-and ``C_min(k)`` for coupling bytes. Each split node is evaluated by all ``m`` shards, so
-``sum_s F_s >= TF + (m-1) F_split(m)`` (``TF``, ``TS``, ``TP``: the model's totals) and
-likewise for the other sums. A leaf's ancestors are each split or owned by the leaf's
+cost over the spanning nodes, or over the owned roots, of any such cut with ``k`` or more
+owned roots: ``X_spanning(k)`` for FLOPs, statistics, parameters, fixed and working bytes,
+and ``C_min(k)`` for coupling bytes. Each spanning node is evaluated by all ``m`` shards, so
+``sum_s F_s >= TF + (m-1) F_spanning(m)`` (``TF``, ``TS``, ``TP``: the model's totals) and
+likewise for the other sums. A leaf's ancestors are each spanning or owned by the leaf's
 shard, so some shard evaluates the heaviest chain ``leaf + ancestors`` (FLOPs, statistics,
 parameters). For a layout with per-column seconds per FLOP-row
 ``a_s = max_r rows_r / speed(r, s)``:
 
-- compute ``>= max( (TF + (m-1) F_split(m)) / sum_s 1/a_s,  min_s a_s * chain_F )``,
+- compute ``>= max( (TF + (m-1) F_spanning(m)) / sum_s 1/a_s,  min_s a_s * chain_F )``,
   because ``F_s <= T / a_s``; with node visits (``K``, ``c = NODE_CALL_S``, ``beta`` the
   blocks of the replica of most rows times ``c``, ``a*`` that replica's ``a``) also
-  ``>= ((TF + (m-1) F_split) + beta min_s(1/a*_s) (TK + (m-1) K_split)) / sum_s 1/a*_s``,
-  ``>= beta (TK + (m-1) K_split) / m`` (the shard of most visits) and ``>= beta chain_K``
+  ``>= ((TF + (m-1) F_spanning) + beta min_s(1/a*_s) (TK + (m-1) K_spanning)) / sum_s 1/a*_s``,
+  ``>= beta (TK + (m-1) K_spanning) / m`` (the shard of most visits) and ``>= beta chain_K``
   (:meth:`Bounds.grid_bound` with ``beta`` from ``ceil(n/d)`` rows);
 - coupling ``>= ceil(rows_max / B) L(m) lat + rows_max (m-1)/m C_min(m) / bw``;
-- reduce ``>= L(d) (lat + max((TS + (m-1) S_split(m)) / m, chain_S) / bw)``; broadcast
-  likewise with parameters, plus ``L(m) (lat + P_split(m) / bw)``.
+- reduce ``>= L(d) (lat + max((TS + (m-1) S_spanning(m)) / m, chain_S) / bw)``; broadcast
+  likewise with parameters, plus ``L(m) (lat + P_spanning(m) / bw)``.
 
 :meth:`Bounds.grid_bound` relaxes the layout away (the fastest ``d*m`` workers share the
 work; ``rows_max >= ceil(n/d)``) so that grids can be ordered before any layout is built.
 
 Memory gives necessary conditions. A replica with ``n`` rows (block ``b = min(n, B)``)
-holds every node and data column at least once, every split node on every shard, and on
+holds every node and data column at least once, every spanning node on every shard, and on
 every shard the data column of one of its leaves:
 ``need(n) = max(sum_g data_g, m min_col) n + sum_v (work_v b + 2 (param_v + stat_v)) +
-(m-1) (Fix_split(m) + Work_split(m) b) + [m > 1] m b C_min(m)`` on its ``m`` workers; one
-worker holds the hungriest leaf with the split nodes, and every worker at least the
+(m-1) (Fix_spanning(m) + Work_spanning(m) b) + [m > 1] m b C_min(m)`` on its ``m`` workers; one
+worker holds the hungriest leaf with the spanning nodes, and every worker at least the
 lightest leaf with them. A grid whose largest replica
 (``ceil(n_data/d)`` rows) cannot meet these on the ``m`` largest memories, or a layout
 whose replica cannot on its own workers, has no fitting plan.
@@ -52,7 +52,7 @@ from .placement import ReplicaMixes
 from .resources import Resources
 
 #: Rows of :func:`min_cuts`' cost table.
-SPLIT_FIELDS = ("flops", "stat", "param", "fixed", "work", "calls")
+SPANNING_FIELDS = ("flops", "stat", "param", "fixed", "work", "calls")
 
 
 class Bounds:
@@ -63,15 +63,15 @@ class Bounds:
         self.n_data = n_data
         self.tf, self.ts, self.tp = (float(x.sum()) for x in (facts.flops, facts.stat, facts.param))
         self.chain_f, self.chain_s, self.chain_p = (_chain(facts, x) for x in (facts.flops, facts.stat, facts.param))
-        fixed = least_fixed_bytes(facts.param, facts.stat, facts.cache)  # the split tables: any D
+        fixed = least_fixed_bytes(facts.param, facts.stat, facts.cache)  # the spanning nodes' tables: any D
         #: by whether the grid has one replica (``costing.fixed_bytes``)
         whole = {one: fixed_bytes(facts.param, facts.stat, facts.cache, 1 if one else 2) for one in (True, False)}
         self.base = {one: base_bytes(facts, 1 if one else 2) for one in (True, False)}
         zeros = np.zeros(facts.n_nodes)
-        pieces = np.stack([zeros] * len(SPLIT_FIELDS) + [facts.couple])
-        splits = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_split, facts.calls, zeros])
-        table = min_cuts(facts, max_shards, pieces, splits)
-        self.split = {f: table[i] for i, f in enumerate(SPLIT_FIELDS)}
+        pieces = np.stack([zeros] * len(SPANNING_FIELDS) + [facts.couple])
+        spanning = np.stack([facts.flops, facts.stat, facts.param, fixed, facts.work_spanning, facts.calls, zeros])
+        table = min_cuts(facts, max_shards, pieces, spanning)
+        self.spanning = {f: table[i] for i, f in enumerate(SPANNING_FIELDS)}
         self.c_min = table[-1]
         speeds = np.sort([w.flops_per_s for w in resources.workers])[::-1]
         self.speeds = speeds
@@ -85,9 +85,9 @@ class Bounds:
         self.mstep = mstep_s(facts)
         self.fixed = {one: float(f.sum()) for one, f in whole.items()}
         self.data_row = float(facts.group_data.sum())
-        # some worker computes the largest scratch; a split node may hold less than whole
-        self.work_row = float(np.minimum(facts.work, facts.work_split).sum()
-                              + np.minimum(facts.scratch, facts.scratch_split).max())
+        # some worker computes the largest scratch; a spanning node may hold less than a whole one
+        self.work_row = float(np.minimum(facts.work, facts.work_spanning).sum()
+                              + np.minimum(facts.scratch, facts.scratch_spanning).max())
         lv = facts.leaf_nodes
         self.leaf_fixed = {one: f[lv] for one, f in whole.items()}
         self.leaf_data = facts.data[lv]
@@ -101,7 +101,7 @@ class Bounds:
 
     # ------------------------------------------------------------ time
     def _sf(self, field: str, m: int) -> float:
-        return float(self.split[field][m]) if m > 1 else 0.0
+        return float(self.spanning[field][m]) if m > 1 else 0.0
 
     def _comm(self, d: int, m: int, rows_max: int) -> float:
         lat, bw = self.lat, self.bw
@@ -142,7 +142,7 @@ class Bounds:
         return compute * compute_factor(m) + self._comm(d, m, rows_max) + self.mstep
 
     def _visits(self, m: int) -> float:
-        """Seconds of node visits per block summed over the shards: ``c (K + (m-1) K_split(m))``."""
+        """Seconds of node visits per block summed over the shards: ``c (K + (m-1) K_spanning(m))``."""
         return self.calls + (m - 1) * self._sf("calls", m) * NODE_CALL_S
 
     def layout_bound(self, m: int, a: np.ndarray, rows, speed: np.ndarray | None = None, d: int | None = None) -> float:
@@ -234,7 +234,7 @@ class Bounds:
 
     def leaf_need(self, rows: int, m: int = 1, least: bool = False, d: int = 2) -> float:
         """The hungriest (``least``: the lightest) leaf's own bytes with ``rows`` rows, plus
-        the split nodes' least: some worker holds the first, every worker the second."""
+        the spanning nodes' least: some worker holds the first, every worker the second."""
         b = min(rows, self.block)
         one = d == 1
         need = self.leaf_fixed[one] + self.leaf_data * rows + self.leaf_work * b
@@ -295,14 +295,14 @@ def _chain(facts: ModelFacts, x: np.ndarray) -> float:
     return float(acc[facts.leaf_nodes].max())
 
 
-def min_cuts(facts: ModelFacts, k_max: int, piece: np.ndarray, split: np.ndarray) -> np.ndarray:
-    """``out[t, k]``: the least ``sum_{owned roots} piece[t] + sum_{split nodes} split[t]``
+def min_cuts(facts: ModelFacts, k_max: int, piece: np.ndarray, spanning: np.ndarray) -> np.ndarray:
+    """``out[t, k]``: the least ``sum_{owned roots} piece[t] + sum_{spanning nodes} spanning[t]``
     over the cuts of the tree with at least ``k`` owned roots (each row ``t`` minimized on
-    its own); ``out[:, 0] = out[:, 1] = 0`` (nothing split) and ``inf`` beyond the leaves.
+    its own); ``out[:, 0] = out[:, 1] = 0`` (no spanning node) and ``inf`` beyond the leaves.
 
     Tree knapsack: ``h_v[t, p]`` is the cheapest covering of ``v``'s subtree by ``p`` owned
-    roots (``p = 1``: ``v`` whole; ``p >= 2``: ``v`` split, the min-plus convolution of its
-    children plus ``split[t, v]``), with ``p`` saturating at ``k_max`` ("at least").
+    roots (``p = 1``: ``v`` whole; ``p >= 2``: ``v`` spanning, the min-plus convolution of
+    its children plus ``spanning[t, v]``), with ``p`` saturating at ``k_max`` ("at least").
     """
     cap = max(2, min(k_max, facts.n_leaves))
     n_t = piece.shape[0]
@@ -316,7 +316,7 @@ def min_cuts(facts: ModelFacts, k_max: int, piece: np.ndarray, split: np.ndarray
         if acc is None:
             out = np.full((n_t, 2), np.inf)
         else:
-            out = acc + split[:, v:v + 1]
+            out = acc + spanning[:, v:v + 1]
         out[:, 0] = np.inf
         out[:, 1] = piece[:, v]
         h[v] = out

@@ -66,7 +66,7 @@ def assemble(facts: ModelFacts, resources: Resources, n_data: int, ev: Evaluatio
     info = {"block_rows": facts.block_rows,
             "reduce_bytes": reduce_b, "broadcast_bytes": broadcast_b,
             "coupling_bytes_per_row": sums.coupling_bytes_per_row if m > 1 else 0.0,
-            "split_nodes": [facts.paths[v] for v in np.flatnonzero(sums.split)] if m > 1 else [],
+            "spanning_nodes": [facts.paths[v] for v in np.flatnonzero(sums.spanning)] if m > 1 else [],
             "straggler": busiest.name}
     info.update(extra or {})
     plan = BalancePlan(

@@ -4,7 +4,7 @@ Every function adds its constraints to ``model`` and returns its share of the ob
 (integer ticks, ``planner.scaling``), so the objective is the sum of the returned shares
 and equals, up to rounding down, ``planner.costing``'s iteration time of the assignment.
 Notation as in ``planner.variables``; ``e[v][s]`` is 1 when shard ``s`` evaluates ``v``
-(``x[u][s]`` for a unit, ``own[i][s] + split[i]`` for an internal node); ``K(t)`` is
+(``x[u][s]`` for a unit, ``own[i][s] + spanning[i]`` for an internal node); ``K(t)`` is
 ``t`` seconds in ticks, rounded down.
 """
 
@@ -56,7 +56,7 @@ class Instance:
         return int(self.rows.max())
 
     def couple_coef(self) -> np.ndarray:
-        """Coupling bytes per row as ``sum_i coef_i split[i]`` (the root's ``split`` is the
+        """Coupling bytes per row as ``sum_i coef_i spanning[i]`` (the root's ``spanning`` is the
         constant 1 when ``M > 1``)."""
         ut = self.ut
         coef = np.zeros(ut.n_internal)
@@ -79,8 +79,8 @@ def assignment(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
 
 def ownership(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
     """``own[i][s] = AND_{c child of i} e_c[s]`` (units ``x``, internal nodes ``own``) and
-    ``split[i] = 1 - sum_s own[i][s]``: a node is whole on a shard exactly when all of its
-    children are, and split when it is whole on none."""
+    ``spanning[i] = 1 - sum_s own[i][s]``: a node is whole on a shard exactly when all of its
+    children are, and spanning when it is whole on none."""
     ut = inst.ut
     for i in range(ut.n_internal):
         if i == 0 and inst.m > 1:
@@ -89,7 +89,7 @@ def ownership(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
             kids = [v.x[u][s] for u in ut.child_units[i]] + [v.own[c][s] for c in ut.child_internal[i]]
             model.add_bool_and(kids).only_enforce_if(v.own[i][s])
             model.add_bool_or([v.own[i][s]] + [k.negated() for k in kids])
-        model.add(v.split[i] + sum(v.own[i]) == 1)
+        model.add(v.spanning[i] + sum(v.own[i]) == 1)
     return 0
 
 
@@ -160,8 +160,8 @@ def compute_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
 
 def coupling_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     """``ceil(rows_max / B) L(M) lat + rows_max (M-1)/M C / bw`` with
-    ``C = sum_{w != root} couple_w (split[parent(w)] - split[w])``: the owned roots are
-    exactly the unsplit children of split nodes. (The wait for each block's slowest shard,
+    ``C = sum_{w != root} couple_w (spanning[parent(w)] - spanning[w])``: the owned roots are
+    exactly the non-spanning children of spanning nodes. (The wait for each block's slowest shard,
     a share of the compute, is in :func:`compute_term`.)"""
     if inst.m == 1:
         return 0
@@ -170,7 +170,7 @@ def coupling_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     k = n * (inst.m - 1) / inst.m / inst.bytes_per_s
     coef = inst.couple_coef()
     ticks = np.array([sc.time_down(k * c) for c in coef])
-    return v.split_sum(ticks) + sc.time_down(const)
+    return v.spanning_sum(ticks) + sc.time_down(const)
 
 
 def reduce_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
@@ -185,8 +185,8 @@ def reduce_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
 
 def broadcast_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     """``L(D) lat + T_b`` with ``T_b >= K(L(D) P_v / bw) e[v][s]``, plus with ``M > 1``
-    ``L(M) (lat + sum_i P_i split[i] / bw)``: new parameters to every replica, and the
-    split nodes' parameters to every shard."""
+    ``L(M) (lat + sum_i P_i spanning[i] / bw)``: new parameters to every replica, and the
+    spanning nodes' parameters to every shard."""
     sc = inst.scale
     out = 0
     ld = ceil_log2(inst.d)
@@ -196,7 +196,7 @@ def broadcast_term(model: cp_model.CpModel, v: ShardVars, inst: Instance):
     if inst.m > 1:
         lm = ceil_log2(inst.m)
         ticks = np.array([sc.time_down(lm * p / inst.bytes_per_s) for p in inst.ut.internal_cost["param"]])
-        out = out + v.split_sum(ticks) + sc.time_down(lm * inst.latency_s)
+        out = out + v.spanning_sum(ticks) + sc.time_down(lm * inst.latency_s)
     return out
 
 
@@ -236,14 +236,14 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
         for g, items in members.items():
             if len(items) == 1:
                 kind, k = items[0]
-                lits = [v.x[k][s]] if kind == "u" else [v.own[k][s], v.split[k]]
+                lits = [v.x[k][s]] if kind == "u" else [v.own[k][s], v.spanning[k]]
             else:
                 z = model.new_bool_var(f"z[{g},{s}]")
                 for kind, k in items:
                     if kind == "u":
                         model.add_implication(v.x[k][s], z)
                     else:
-                        for lit in (v.own[k][s], v.split[k]):
+                        for lit in (v.own[k][s], v.spanning[k]):
                             if isinstance(lit, int):
                                 if lit:
                                     model.add(z == 1)
@@ -265,15 +265,15 @@ def memory(model: cp_model.CpModel, v: ShardVars, inst: Instance) -> int:
                 return np.array([min(top, sc.bytes_up(x)) for x in values])
 
             ic = ut.internal_cost
-            split_need = ic["work_split"] * b + fixed_bytes(ic["param"], ic["stat"], ic["cache"], one)
-            expr = v.evaluated_sum(coefs(need(ut.unit_cost)), coefs(need(ic)), s, coefs(split_need)) + v.evaluated_max(
+            spanning_need = ic["work_spanning"] * b + fixed_bytes(ic["param"], ic["stat"], ic["cache"], one)
+            expr = v.evaluated_sum(coefs(need(ut.unit_cost)), coefs(need(ic)), s, coefs(spanning_need)) + v.evaluated_max(
                 model, coefs(ut.unit_cost["scratch"] * b), coefs(ic["scratch"] * b), s, f"scratch[{s},{n}]",
-                coefs(ic["scratch_split"] * b))
+                coefs(ic["scratch_spanning"] * b))
             for per_row, lits in column_terms:
                 c = min(top, sc.bytes_up(per_row * n))
                 expr = expr + sum(c * lit for lit in lits)
             if inst.m > 1:
-                expr = expr + v.split_sum(np.minimum(couple, top))
+                expr = expr + v.spanning_sum(np.minimum(couple, top))
             model.add(expr <= cap)
     return 0
 

@@ -7,11 +7,11 @@ row from :func:`models.cost.tree_costs`, held as arrays in :class:`planner.facts
 (``c_v`` below stands for any of them).
 
 Which nodes a shard evaluates
-    A node is *split* (``models.shard`` says *spanning*) when its leaves lie on more than
-    one shard (:func:`models.shard.spanning_nodes`). Shard ``s`` evaluates ``E_s`` = the
-    nodes of the subtrees whose roots it holds (:func:`models.shard.shard_roots`) plus every
-    split node: the split nodes are evaluated redundantly on every shard of a replica. With ``M = 1`` the only
-    shard evaluates the whole tree. Shard sums ``X_s = sum_{v in E_s} x_v`` are taken of
+    A node is *spanning* when its leaves lie on more than one shard
+    (:func:`models.shard.spanning_nodes`). Shard ``s`` evaluates ``E_s`` = the nodes of the
+    subtrees whose roots it holds (:func:`models.shard.shard_roots`) plus every spanning
+    node: the spanning nodes are evaluated redundantly on every shard of a replica. With
+    ``M = 1`` the only shard evaluates the whole tree. Shard sums ``X_s = sum_{v in E_s} x_v`` are taken of
     FLOPs (``F_s``), parameter (``P_s``), statistic (``S_s``) and kept working bytes
     (``W_s``); the scratch bytes ``X_s = max_{v in E_s} x_v`` (one node computes at a time).
     Data bytes ``D_s`` count every *data column* the shard touches once: the children of
@@ -37,8 +37,8 @@ Terms of the predicted iteration time (seconds; ``L(k) = ceil(log2 k)``, ``lat``
 - reduce    ``L(D) * (lat + max_s S_s / bw)``: every shard's column reduces its shard's
   statistics over the ``D`` replicas to its head (``executors.mstep``);
 - broadcast ``L(D) * (lat + max_s P_s / bw)`` plus, when ``M > 1``,
-  ``L(M) * (lat + P_split / bw)``: each head's new subtrees go to its column's ``D``
-  workers, and the split nodes' new parameters (estimated once, by the coordinator) to the
+  ``L(M) * (lat + P_spanning / bw)``: each head's new subtrees go to its column's ``D``
+  workers, and the spanning nodes' new parameters (estimated once, by the coordinator) to the
   ``M`` shards;
 - M-step    ``ITERATION_S + n_nodes * ESTIMATE_S``: each column's head estimates its shard's
   subtrees and the coordinator the spanning nodes (``executors.mstep``), priced as one pass
@@ -55,7 +55,7 @@ Memory of worker ``(r, s)`` (bytes, its predicted peak)::
              P_s + S_s + Q_s        for D = 1
     A(D)   = A0 + [D = 1] max_v U_v
 
-its rows of data (the leaves' columns and the split nodes' offsets), one block of working
+its rows of data (the leaves' columns and the spanning nodes' offsets), one block of working
 arrays (``models.cost.NodeCost``: the kept arrays of every node it evaluates and the
 largest scratch), two copies of one block's exchanged log densities
 (:data:`COUPLING_COPIES`), its parameters and statistics (:func:`fixed_bytes`: three copies
@@ -172,10 +172,10 @@ def base_bytes(facts: ModelFacts, d: int) -> float:
 # ---------------------------------------------------------------- assignment -> shard sums
 @dataclass(frozen=True, eq=False)
 class ShardSums:
-    """Per-shard sums over the evaluated nodes ``E_s`` and the split-dependent totals."""
+    """Per-shard sums over the evaluated nodes ``E_s`` and the totals over the spanning nodes."""
 
-    split: np.ndarray  # bool per node
-    node_shard: np.ndarray  # owning shard of an unsplit node, -1 for split nodes
+    spanning: np.ndarray  # bool per node
+    node_shard: np.ndarray  # owning shard of a non-spanning node, -1 for spanning nodes
     flops: np.ndarray  # F_s, per root row
     param: np.ndarray  # P_s
     stat: np.ndarray  # S_s
@@ -185,52 +185,52 @@ class ShardSums:
     scratch: np.ndarray  # X_s, per root row: the largest scratch of the nodes the shard evaluates
     calls: np.ndarray  # K_s, node visits per block
     coupling_bytes_per_row: float  # C
-    split_param: float  # P_split
-    split_stat: float  # S_split
+    spanning_param: float  # P_spanning
+    spanning_stat: float  # S_spanning
     leaves: tuple[tuple[int, ...], ...]  # leaf indices of every shard, pre-order
 
 
 def shard_sums(facts: ModelFacts, leaf_shard, n_shards: int) -> ShardSums:
     """Evaluated-node sums of every shard for ``leaf_shard[i]`` = shard of leaf ``i``.
 
-    A node's leaves are a contiguous run in pre-order, so it is split exactly when the
+    A node's leaves are a contiguous run in pre-order, so it is spanning exactly when the
     shard changes between two consecutive leaves of its run.
     """
     leaf_shard = np.asarray(leaf_shard, dtype=np.int64)
     changes = np.concatenate([[0], np.cumsum(leaf_shard[1:] != leaf_shard[:-1])])
-    split = changes[facts.leaf_hi - 1] != changes[facts.leaf_lo]
-    node_shard = np.where(split, -1, leaf_shard[facts.leaf_lo])
-    own = ~split
+    spanning = changes[facts.leaf_hi - 1] != changes[facts.leaf_lo]
+    node_shard = np.where(spanning, -1, leaf_shard[facts.leaf_lo])
+    own = ~spanning
 
-    def per_shard(x: np.ndarray, when_split: np.ndarray | None = None) -> np.ndarray:
-        xs = x if when_split is None else when_split
-        return np.bincount(node_shard[own], weights=x[own], minlength=n_shards)[:n_shards] + float(xs[split].sum())
+    def per_shard(x: np.ndarray, when_spanning: np.ndarray | None = None) -> np.ndarray:
+        xs = x if when_spanning is None else when_spanning
+        return np.bincount(node_shard[own], weights=x[own], minlength=n_shards)[:n_shards] + float(xs[spanning].sum())
 
     scratch = np.zeros(n_shards)
     np.maximum.at(scratch, node_shard[own], facts.scratch[own])
-    scratch = np.maximum(scratch, float(facts.scratch_split[split].max(initial=0.0)))
+    scratch = np.maximum(scratch, float(facts.scratch_spanning[spanning].max(initial=0.0)))
     n_groups = len(facts.group_data)
     everywhere = np.zeros(n_groups, dtype=bool)
-    everywhere[facts.data_group[split]] = True
+    everywhere[facts.data_group[spanning]] = True
     g_own = facts.data_group[own]
     keep = ~everywhere[g_own]
     pairs = np.unique(node_shard[own][keep] * n_groups + g_own[keep])
     data = np.bincount(pairs // n_groups, weights=facts.group_data[pairs % n_groups], minlength=n_shards)[:n_shards]
     data = data + float(facts.group_data[everywhere].sum())
-    if split[0]:
+    if spanning[0]:
         par = facts.parent
         roots = own & (par >= 0)
-        roots[roots] = split[par[roots]]
+        roots[roots] = spanning[par[roots]]
         couple = float(facts.couple[roots].sum())
     else:
         couple = 0.0
     order = np.argsort(leaf_shard, kind="stable")
     bounds = np.searchsorted(leaf_shard[order], np.arange(n_shards + 1))
     leaves = tuple(tuple(order[bounds[s]:bounds[s + 1]].tolist()) for s in range(n_shards))
-    return ShardSums(split=split, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
-                     stat=per_shard(facts.stat), cache=per_shard(facts.cache), data=data, work=per_shard(facts.work, facts.work_split),
+    return ShardSums(spanning=spanning, node_shard=node_shard, flops=per_shard(facts.flops), param=per_shard(facts.param),
+                     stat=per_shard(facts.stat), cache=per_shard(facts.cache), data=data, work=per_shard(facts.work, facts.work_spanning),
                      scratch=scratch, calls=per_shard(facts.calls), coupling_bytes_per_row=couple,
-                     split_param=float(facts.param[split].sum()), split_stat=float(facts.stat[split].sum()),
+                     spanning_param=float(facts.param[spanning].sum()), spanning_stat=float(facts.stat[spanning].sum()),
                      leaves=leaves)
 
 
@@ -242,9 +242,9 @@ def iteration_bytes(sums: ShardSums, d: int) -> tuple[float, float]:
     the update sends each head's new subtrees to the ``D - 1`` others of its column and the
     spanning nodes' parameters to every worker (``executors.mstep``)."""
     m = len(sums.stat)
-    own_param = float(sums.param.sum()) - m * sums.split_param
-    reduce_b = (d - 1) * (float(sums.stat.sum()) - (m - 1) * sums.split_stat) + sums.split_stat
-    broadcast_b = (d - 1) * own_param + d * m * sums.split_param
+    own_param = float(sums.param.sum()) - m * sums.spanning_param
+    reduce_b = (d - 1) * (float(sums.stat.sum()) - (m - 1) * sums.spanning_stat) + sums.spanning_stat
+    broadcast_b = (d - 1) * own_param + d * m * sums.spanning_param
     return reduce_b, broadcast_b
 
 
@@ -402,7 +402,7 @@ def price(facts: ModelFacts, resources: Resources, n_data: int, sums: ShardSums,
     reduce_s = ld * (lat + float(sums.stat.max()) / bw) if ld else 0.0
     broadcast = ld * (lat + float(sums.param.max()) / bw) if ld else 0.0
     if m > 1:
-        broadcast += ceil_log2(m) * (lat + sums.split_param / bw)
+        broadcast += ceil_log2(m) * (lat + sums.spanning_param / bw)
     mstep = mstep_s(facts)
     total = compute + coupling + reduce_s + broadcast + mstep
     bd = Breakdown(compute_s=compute, coupling_s=coupling, reduce_s=reduce_s, broadcast_s=broadcast, mstep_s=mstep,

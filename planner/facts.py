@@ -41,8 +41,8 @@ class ModelFacts:
     data: np.ndarray  # bytes per root row
     work: np.ndarray  # bytes per root row, kept through a block's passes (they add)
     scratch: np.ndarray  # bytes per root row while the node computes (a worker holds its largest)
-    work_split: np.ndarray  # ``work`` and ``scratch`` of the node when it is split (see PlacedCost)
-    scratch_split: np.ndarray
+    work_spanning: np.ndarray  # ``work`` and ``scratch`` of the node when it is spanning (see PlacedCost)
+    scratch_spanning: np.ndarray
     calls: np.ndarray  # Python-level visits per block (whatever its rows)
     couple: np.ndarray  # bytes per root row shipped when the node is an owned root
     data_group: np.ndarray  # data column of every node (nodes reading one column share it)
@@ -131,8 +131,8 @@ def _build_facts(model: Node) -> ModelFacts:
         data=data,
         work=arr("work_bytes_per_row"),
         scratch=arr("scratch_bytes_per_row"),
-        work_split=arr("split_work_bytes_per_row"),
-        scratch_split=arr("split_scratch_bytes_per_row"),
+        work_spanning=arr("split_work_bytes_per_row"),
+        scratch_spanning=arr("split_scratch_bytes_per_row"),
         calls=arr("calls_per_block"),
         couple=arr("owned_root_coupling_bytes_per_row"),
         data_group=data_group,

@@ -428,7 +428,7 @@ class Search:
         """A lower bound of every plan of ``d x m`` from its largest replica alone.
 
         Some replica holds ``R >= ceil(n/d)`` rows on ``m`` distinct workers; cost and memory
-        are non-decreasing in rows, the compute, coupling and split broadcast of the plan are
+        are non-decreasing in rows, the compute, the coupling and the spanning nodes' broadcast are
         at least that replica's, and its workers are dominated by one of
         ``single_replica_layouts`` (the coordinator's bytes dropped, a relaxation). So the
         least bound of the ``1 x m`` programs with ``R = ceil(n/d)`` rows over those layouts,

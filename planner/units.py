@@ -11,7 +11,7 @@ lower bound from the unrestricted analytic bound instead of the program's.
 
 The *unit tree* keeps the expanded internal nodes; its items are those nodes and the
 units. Every cost of a unit is the sum over the nodes it holds; its coupling bytes (paid
-when its parent is split) are the sum over its top nodes, its scratch bytes the largest of
+when its parent is spanning) are the sum over its top nodes, its scratch bytes the largest of
 its nodes' (``ModelFacts.scratch``: one node computes at a time).
 """
 
@@ -34,7 +34,7 @@ class UnitTree:
     unit_leaves: tuple[tuple[int, ...], ...]  # leaf indices (pre-order) of every unit
     unit_tops: tuple[tuple[int, ...], ...]  # model nodes heading every unit (one, or a run of siblings)
     unit_cost: dict[str, np.ndarray]  # per unit, summed over its nodes ("scratch": their largest)
-    unit_couple: np.ndarray  # per unit, bytes per row shipped when its parent is split
+    unit_couple: np.ndarray  # per unit, bytes per row shipped when its parent is spanning
     unit_parent: np.ndarray  # position in ``internal`` of the unit's parent, -1 for a one-unit tree
     internal: tuple[int, ...]  # model node indices of the expanded nodes, pre-order; internal[0] is the root
     internal_parent: np.ndarray  # position in ``internal``, -1 for the root
@@ -150,7 +150,7 @@ def build_units(facts: ModelFacts, max_units: int) -> UnitTree:
         unit_parent=np.array(unit_parent, dtype=np.int64), internal=tuple(expanded),
         internal_parent=np.array(internal_parent, dtype=np.int64),
         internal_cost={f: getattr(facts, f)[idx] if len(idx) else np.zeros(0)
-                       for f in (*COST_FIELDS, "scratch", "work_split", "scratch_split")},
+                       for f in (*COST_FIELDS, "scratch", "work_spanning", "scratch_spanning")},
         internal_couple=facts.couple[idx] if len(idx) else np.zeros(0),
         child_units=tuple(tuple(c) for c in child_units), child_internal=tuple(tuple(c) for c in child_internal),
         grouped=any(len(lv) > 1 for lv in unit_leaves), unit_groups=tuple(unit_groups),

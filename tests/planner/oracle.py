@@ -14,7 +14,7 @@ What it enumerates
 
 Reductions, and why each is exact
     1. *Shard labels.* ``shard_sums`` and ``price`` treat the shards alike (every term is a
-       sum, a max or a count over shards, and a node is split whatever the labels), except
+       sum, a max or a count over shards, and a node is spanning whatever the labels), except
        that cell ``(0, 0)`` carries ``coordinator_bytes`` when ``coordinator_in_grid``.
        Relabelling the shards, with the grid's columns permuted alike, keeps every figure;
        so the partitions are enumerated unlabelled (blocks in the order of their first
@@ -139,7 +139,7 @@ class Shards:
     couple: float  # coupling bytes per row (0 for M = 1)
     max_stat: float
     max_param: float
-    split_param: float
+    spanning_param: float
 
 
 def shards_of(facts, leaf_shard: tuple[int, ...], m: int, d: int) -> Shards:
@@ -153,7 +153,7 @@ def shards_of(facts, leaf_shard: tuple[int, ...], m: int, d: int) -> Shards:
                   block=tuple(float(x) for x in block),
                   fixed=tuple(float(x) for x in fixed_bytes(ss.param, ss.stat, ss.cache, d)),
                   base=base_bytes(facts, d), couple=float(couple),
-                  max_stat=float(ss.stat.max()), max_param=float(ss.param.max()), split_param=float(ss.split_param))
+                  max_stat=float(ss.stat.max()), max_param=float(ss.param.max()), spanning_param=float(ss.spanning_param))
 
 
 # ---------------------------------------------------------------- one replica
@@ -551,7 +551,7 @@ def _const(sh: Shards, ld: int, lm: int, lat: float, bw: float) -> tuple[float, 
     reduce_s = ld * (lat + sh.max_stat / bw) if ld else 0.0
     broadcast = ld * (lat + sh.max_param / bw) if ld else 0.0
     if sh.m > 1:
-        broadcast += lm * (lat + sh.split_param / bw)
+        broadcast += lm * (lat + sh.spanning_param / bw)
     return reduce_s, broadcast
 
 

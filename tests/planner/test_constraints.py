@@ -62,18 +62,18 @@ def test_assignment_feasible_and_infeasible():
     assert status == cp_model.INFEASIBLE  # six shards, five units: one would be empty
 
 
-def test_ownership_marks_exactly_the_split_nodes():
+def test_ownership_marks_exactly_the_spanning_nodes():
     model = small_nest()
     facts = model_facts(model)
     for combo in [(0, 0, 0, 1, 1), (0, 1, 0, 1, 0), (1, 1, 1, 1, 0)]:
         fix = dict(enumerate(combo))
         status, solver, v, inst, *_ = program(model, uniform(2), 1, 2, [C.assignment, C.ownership], fix=fix)
         assert status == cp_model.OPTIMAL
-        split = {facts.paths[inst.ut.internal[i]] for i in range(inst.ut.n_internal)
-                 if isinstance(v.split[i], int) and v.split[i] or not isinstance(v.split[i], int)
-                 and solver.boolean_value(v.split[i])}
-        want = shard_sums(facts, list(combo), 2).split
-        assert split == {facts.paths[i] for i in np.flatnonzero(want)}
+        spanning = {facts.paths[inst.ut.internal[i]] for i in range(inst.ut.n_internal)
+                 if isinstance(v.spanning[i], int) and v.spanning[i] or not isinstance(v.spanning[i], int)
+                 and solver.boolean_value(v.spanning[i])}
+        want = shard_sums(facts, list(combo), 2).spanning
+        assert spanning == {facts.paths[i] for i in np.flatnonzero(want)}
 
 
 def test_first_fit_keeps_one_labelling_per_partition():

@@ -18,9 +18,9 @@ from tests.strategies import models
 
 
 def _evaluated(model, shard_of_leaf, s):
-    split = spanning_nodes(model, shard_of_leaf)
+    spanning = spanning_nodes(model, shard_of_leaf)
     paths = {c.path for c in tree_costs(model)}
-    out = set(split)
+    out = set(spanning)
     for root, shard in shard_roots(model, shard_of_leaf).items():
         if shard == s:
             out |= {p for p in paths if root == "" or p == root or p.startswith(root + ".")}
@@ -28,21 +28,21 @@ def _evaluated(model, shard_of_leaf, s):
 
 
 @given(models(), st.integers(1, 4), st.randoms(use_true_random=False))
-def test_shard_sums_follow_the_models_split_and_coupling_rules(model, m, rnd):
+def test_shard_sums_follow_the_models_spanning_and_coupling_rules(model, m, rnd):
     facts = model_facts(model)
     m = min(m, facts.n_leaves)
     shard = {p: rnd.randrange(m) for p in facts.leaf_paths}
     sums = shard_sums(facts, [shard[p] for p in facts.leaf_paths], m)
-    assert {facts.paths[i] for i in np.flatnonzero(sums.split)} == spanning_nodes(model, shard)
+    assert {facts.paths[i] for i in np.flatnonzero(sums.spanning)} == spanning_nodes(model, shard)
     assert sums.coupling_bytes_per_row == pytest.approx(coupling_bytes_per_row(model, shard))
     costs = {c.path: c for c in tree_costs(model)}
-    split = spanning_nodes(model, shard)
+    spanning = spanning_nodes(model, shard)
 
-    def work(p):  # a split node holds what it holds when split (no batched block)
-        return costs[p].split_work_bytes_per_row if p in split else costs[p].work_bytes_per_row
+    def work(p):  # a spanning node holds its spanning arrays (no batched block)
+        return costs[p].split_work_bytes_per_row if p in spanning else costs[p].work_bytes_per_row
 
     def scratch(p):
-        return costs[p].split_scratch_bytes_per_row if p in split else costs[p].scratch_bytes_per_row
+        return costs[p].split_scratch_bytes_per_row if p in spanning else costs[p].scratch_bytes_per_row
 
     for s in range(m):
         ev = _evaluated(model, shard, s)

@@ -1,6 +1,6 @@
 """The plan's per-shard working memory against numpy's traced allocations while one worker
 runs one block of a model-parallel plan: its owned subtrees upward, the exchange of their
-log densities (as the executors move them: ``executors.coupling``'s messages), the split nodes, and its
+log densities (as the executors move them: ``executors.coupling``'s messages), the spanning nodes, and its
 leaves' statistics. The whole-model case is in ``tests/models/test_costs.py``."""
 
 from __future__ import annotations

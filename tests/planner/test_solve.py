@@ -211,7 +211,7 @@ def test_splits_at_any_depth_of_the_nest():
     deep = Composite([Gaussian(0.0, 1.0), Composite([Categorical(probs(4)), heavy_mixture(96, 4, 4)])])
     plan = plan_and_check(deep, uniform(8), 1)
     assert plan.model_parallel >= 4
-    assert "1.1" in plan.extra["split_nodes"]  # the nested mixture itself is split
+    assert "1.1" in plan.extra["spanning_nodes"]  # the nested mixture itself is spanning
     shards_of_heavy = {s for s, cut in enumerate(plan.model_cuts) for leaf in cut.leaves
                        if leaf in {"1.1.0", "1.1.1", "1.1.2", "1.1.3"}}
     assert len(shards_of_heavy) == 4
