@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "spark"))
     args = ap.parse_args(argv)
-    from emgrid.executors.spark_grid import start_session, stop_session
+    from emgrid.executors.spark_session import start_session, stop_session
 
     session = start_session(args.master)
     rows = []

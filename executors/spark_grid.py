@@ -4,7 +4,8 @@ The ``D x M`` cells are the ``D * M`` tasks of one barrier stage (``RDD.barrier(
 scheduled: all start together or none does), as xgboost's and Horovod's Spark integrations
 run their workers. A task is a :class:`executors.cell.Cell` served over
 :mod:`multiprocessing.connection` sockets exactly as a multiprocessing worker is served over
-pipes (:mod:`executors.conns`); only how the sockets are made is this module's:
+pipes (:mod:`executors.conns`); only how the sockets are made is this module's (the
+driver's side) and :mod:`executors.spark_task`'s (the task's):
 
 - the driver listens on one socket (loopback when the master is local, else the address
   Spark's driver has) and every task connects to it: its control connection;
@@ -24,20 +25,18 @@ a task whose Python worker dies is named when its socket ends; a barrier stage i
 retried one task alone, and the stage is cancelled when the fit ends however it ended.
 
 Sessions: ``session`` (or a DataFrame's own) is used as it is and left running. Without one,
-a session is started for the fit on ``master`` (``local[N]``: the driver on 127.0.0.1, no web
-UI, the workers running this Python) and stopped after, its JVM with it.
+a session is started for the fit on ``master`` and stopped after, its JVM with it
+(:mod:`executors.spark_session`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import shutil
 import sys
 import threading
 import uuid
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from time import perf_counter
 from typing import ClassVar
 
@@ -46,178 +45,20 @@ from emgrid.models.errors import ConfigError, FitError
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources, spark_slots
 
-from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
-from .cell import Cell
+from .actors import forwarded_env, last_exception_line, shipped_rows
 from .cellgrid import GridExecutor, describe_error
-from .conns import ConnGrid, serve
+from .conns import ConnGrid
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
-from .spark_data import SparkFrame, cell_rows, is_spark_frame
+from .spark_data import SparkFrame, is_spark_frame
+from .spark_session import import_spark, is_local, start_session, stop_session
+from .spark_task import cell_task, no_delay
 from .threads import DEFAULT_BLAS_THREADS
 from .warden import pid_alive
 
 #: Seconds :meth:`SparkGrid.close` waits for the stage to end by itself before cancelling it.
 STOP_GRACE_S = 10.0
-
-
-def _import_spark():
-    import warnings
-
-    # PySpark warns on every DataFrame conversion that it is not tested with pandas 3 (which
-    # emgrid's extras install); the conversions emgrid makes work, and the user cannot act on it
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    return import_extra("spark", "pyspark")
-
-
-def check_java() -> None:
-    """ConfigError in one line when no Java runtime is found (Spark runs on one)."""
-    home = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (home and os.path.exists(os.path.join(home, "bin", "java"))):
-        raise ConfigError('the "spark" executor needs a Java 17+ runtime, and no "java" is on PATH (nor JAVA_HOME '
-                          "set): install one (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: brew "
-                          "install openjdk@17) or set JAVA_HOME")
-
-
-def start_session(master: str):
-    """A session on ``master`` for one fit: on a local master the driver binds 127.0.0.1
-    only, no web UI; its Python workers run this interpreter."""
-    _import_spark()
-    check_java()
-    from pyspark.sql import SparkSession
-
-    # PySpark's workers run PYSPARK_PYTHON (default: the first python3 on PATH), read when the
-    # context starts: this interpreter, which has emgrid
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(master).appName("emgrid")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
-    if master.startswith("local"):
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
-def stop_session(session) -> None:
-    """Stops a session started here, and the JVM it started (PySpark keeps its gateway's JVM
-    running after ``stop``), so that a later session starts afresh."""
-    from pyspark import SparkContext
-
-    session.stop()
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return
-    proc = getattr(gateway, "proc", None)
-    try:
-        gateway.shutdown()
-    except Exception:  # noqa: BLE001 - a gateway already gone
-        pass
-    if proc is not None:
-        try:
-            proc.stdin.close()  # the JVM's launcher exits when its stdin closes
-        except (OSError, AttributeError):
-            pass
-        try:
-            proc.wait(10)
-        except Exception:  # noqa: BLE001 - still running: ended below
-            proc.kill()
-            proc.wait()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-
-
-def no_delay(conn: Connection) -> Connection:
-    """``conn`` (a TCP connection) with Nagle's algorithm off: a message's header and its
-    body are two writes, which Nagle would hold back for the peer's delayed ACK (40 ms)."""
-    import socket
-
-    s = socket.socket(fileno=os.dup(conn.fileno()))
-    try:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    finally:
-        s.close()
-    return conn
-
-
-def is_local(sc) -> bool:
-    return sc.master.startswith("local")
-
-
-# ------------------------------------------------------------------ the task side
-def _cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory,
-               regularization, blas_threads, env):
-    """The barrier task of every cell (its index the task's partition): ``source`` says what
-    its partition holds, ``"frame"`` a DataFrame's ``(first, blob)`` blocks, ``"rows"`` its
-    rows, ``"directory"`` nothing (it maps its rows from ``directory``). Its shard's part of
-    the starting model comes down its control connection once it connected (not with the
-    task: every task would receive every shard's)."""
-
-    def run(partition):
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        i = ctx.partitionId()
-        spec = specs[i]
-        d, m = len(specs) // spec.view.n_shards, spec.view.n_shards
-        # a local master's tasks listen on loopback, a cluster's on their executor's address
-        host = "127.0.0.1" if local else ctx.getTaskInfos()[i].address.rsplit(":", 1)[0]
-        control = no_delay(Client(coordinator, authkey=authkey))
-        control.send(i)
-        part_blob = control.recv_bytes()
-
-        def make_cell():
-            part = pickle.loads(part_blob)
-            if source == "frame":
-                rows = cell_rows(reader, spec, part, partition)
-            elif source == "rows":
-                rows = next(iter(partition))
-            else:
-                rows = None
-            cell = Cell(spec, part, directory if source == "directory" else None, rows, blas_threads, env)
-            return cell, _link(ctx, i, spec, d, m, host, authkey)
-
-        serve(make_cell, d, control, regularization)
-        control.close()
-        return iter(())
-
-    return run
-
-
-def _link(ctx, i: int, spec, d: int, m: int, host: str, authkey: bytes) -> dict[tuple[int, int], Connection]:
-    """The task's connections to the cells it sends to: it listens, the tasks exchange their
-    addresses (``allGather``), each connects to the cells after it in grid order and accepts
-    those before it (on a thread, while it connects)."""
-    targets = Cell.targets(spec, d)
-    listener = Listener((host, 0), authkey=authkey)
-    try:
-        addresses = [tuple(json.loads(a)) for a in ctx.allGather(json.dumps(list(listener.address)))]
-        links: dict[tuple[int, int], Connection] = {}
-        before = [t for t in targets if t[0] * m + t[1] < i]
-        failure: list[BaseException] = []
-
-        def accept():
-            try:
-                for _ in before:
-                    conn = no_delay(listener.accept())
-                    j = conn.recv()
-                    links[(j // m, j % m)] = conn
-            except BaseException as e:  # noqa: BLE001 - raised on the task's thread
-                failure.append(e)
-
-        acceptor = threading.Thread(target=accept, daemon=True, name=f"emgrid-{spec.name}-accept")
-        acceptor.start()
-        for t in targets:
-            j = t[0] * m + t[1]
-            if j > i:
-                conn = no_delay(Client(addresses[j], authkey=authkey))
-                conn.send(i)
-                links[t] = conn
-        acceptor.join()
-        if failure:
-            raise failure[0]
-        return links
-    finally:
-        listener.close()
 
 
 # ------------------------------------------------------------------ the driver side
@@ -265,7 +106,7 @@ class SparkGrid(ConnGrid):
         self._done_r, self._done_w = _pipe()
         parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
         rdd, source, reader, directory = self._rdd()
-        task = _cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
+        task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
                           job.regularization, self.blas_threads, forwarded_env())
         stage = rdd.barrier().mapPartitions(task)
 
@@ -391,7 +232,7 @@ class SparkExecutor(GridExecutor):
 
     def __init__(self, session=None, master: str | None = None, timeout_s: float | None = None,
                  startup_timeout_s: float = 120.0, blas_threads: int | None = DEFAULT_BLAS_THREADS):
-        _import_spark()
+        import_spark()
         if session is not None and master is not None:
             raise ConfigError("give the spark executor a session or a master, not both")
         if master is not None and (not isinstance(master, str) or not master):
@@ -478,4 +319,4 @@ class SparkExecutor(GridExecutor):
                 f"blas_threads={self.blas_threads!r})")
 
 
-__all__ = ["SparkExecutor", "SparkGrid", "start_session", "stop_session"]
+__all__ = ["SparkExecutor", "SparkGrid"]

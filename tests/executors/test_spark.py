@@ -45,7 +45,7 @@ N = 900
 
 @pytest.fixture(scope="module")
 def session():
-    from emgrid.executors.spark_grid import start_session, stop_session
+    from emgrid.executors.spark_session import start_session, stop_session
 
     s = start_session("local[4]")
     yield s
