@@ -41,6 +41,13 @@ Rates
     thread) and the rate of one matrix product of the E-step's shape. The cost model's
     units (``models.tree_costs``, what the planner balances) are reported too.
 
+float32
+    Each round also times emgrid on the same rows cast to float32 (``optimize(...,
+    dtype="float32")``'s E-step: float32 kernels, float64 sums) from the same start, and
+    reports its per-iteration time, its speed-up over scikit-learn and over emgrid's float64,
+    and the relative difference of its log-likelihood trace and of its final parameters
+    (means; variances or covariances) from the float64 trace's (``--no-float32`` skips it).
+
 Usage::
 
     python bench/em_speed.py                         # full size, writes bench/results/
@@ -215,8 +222,11 @@ def run_kind(kind, args, x, means, rates):
     flops = kernel_flops(kind, d, len(w)) * n
     units = sum(c.flops_per_row for c in tree_costs(model)) * n
     rounds = []
+    x32 = x.astype(np.float32) if args.float32 else None
     for r in range(args.rounds):
         em_times, em_cpu, trace = time_emgrid(model, x, args.iters)
+        if x32 is not None:
+            f32_times, _, trace32 = time_emgrid(model, x32, args.iters)
         t1, c1, _ = sklearn_fit(kind, x, w, means, precisions, 1)
         tm, cm, gm = sklearn_fit(kind, x, w, means, precisions, 1 + args.iters)
         direct = sklearn_direct(gm, x, args.iters) if args.direct else []
@@ -227,6 +237,10 @@ def run_kind(kind, args, x, means, rates):
                "sklearn_fit_s": tm, "speedup": sk_iter / em_iter}
         msg = (f"  {kind} round {r + 1}: emgrid {em_iter:.4f} s/iter, scikit-learn {sk_iter:.4f} s/iter, "
                f"speedup {sk_iter / em_iter:.2f}x")
+        if x32 is not None:
+            f32_iter = statistics.fmean(f32_times[1:])
+            row.update(float32_s=f32_iter, float32_speedup=sk_iter / f32_iter, float32_over_float64=em_iter / f32_iter)
+            msg += f"; float32 {f32_iter:.4f} s/iter ({sk_iter / f32_iter:.2f}x scikit-learn)"
         if direct:
             row["sklearn_direct_s"] = statistics.fmean(direct)
             row["sklearn_direct_median_s"] = statistics.median(direct)
@@ -264,6 +278,23 @@ def run_kind(kind, args, x, means, rates):
         out["sklearn_direct_s_per_iter"] = statistics.median(r["sklearn_direct_s"] for r in rounds)
         out["speedup_direct_median_of_rounds"] = statistics.median(r["speedup_direct"] for r in rounds)
     out["meets_target"] = out["speedup_median_of_rounds"] >= TARGETS[kind]
+    if x32 is not None:
+        end64, end32 = model, model
+        for _ in range(args.iters + 1):
+            end64, _ = em_step(end64, x)
+            end32, _ = em_step(end32, x32)
+        spread = [(a.mean, b.mean) for a, b in zip(end64.children, end32.children)]
+        shape = [(a.var if kind == "diag" else a.cov, b.var if kind == "diag" else b.cov)
+                 for a, b in zip(end64.children, end32.children)]
+        out.update(
+            float32_s_per_iter=statistics.median(r["float32_s"] for r in rounds),
+            float32_speedup_median_of_rounds=statistics.median(r["float32_speedup"] for r in rounds),
+            float32_over_float64=statistics.median(r["float32_over_float64"] for r in rounds),
+            float32_loglik=trace32,
+            float32_loglik_max_rel_diff=max(abs(a - b) / abs(b) for a, b in zip(trace32, trace)),
+            float32_mean_max_rel_diff=max(float(np.max(np.abs(b - a)) / np.max(np.abs(a))) for a, b in spread),
+            float32_cov_max_rel_diff=max(float(np.max(np.abs(b - a)) / np.max(np.abs(a))) for a, b in shape),
+        )
     if args.optimize:
         try:
             opt_s, opt_trace = time_optimize(model, x, args.iters)
@@ -302,6 +333,17 @@ def markdown(report):
               + "; ".join(f"{r['covariance']}: emgrid {r['emgrid_cpu_s_per_iter']:.4f}, scikit-learn "
                           f"{r['sklearn_cpu_s_per_iter']:.4f} ({r['sklearn_cpu_s_per_iter'] / r['emgrid_cpu_s_per_iter']:.2f}x)"
                           for r in report["results"])]
+    f32 = [r for r in report["results"] if "float32_s_per_iter" in r]
+    if f32:
+        lines += ["", "float32 (`dtype=\"float32\"`: rows and E-step in float32, sums in float64), same start and rounds:",
+                  "", "| covariance | float32 s/iter | over scikit-learn (median of rounds) | over emgrid float64 | "
+                  "log-lik. trace max rel. diff vs float64 | means, max rel. diff after the iterations | "
+                  "(co)variances, max rel. diff |", "|---|---|---|---|---|---|---|"]
+        for r in f32:
+            lines.append(f"| {r['covariance']} | {r['float32_s_per_iter']:.4f} | "
+                         f"{r['float32_speedup_median_of_rounds']:.2f}x | {r['float32_over_float64']:.2f}x | "
+                         f"{r['float32_loglik_max_rel_diff']:.1e} | {r['float32_mean_max_rel_diff']:.1e} | "
+                         f"{r['float32_cov_max_rel_diff']:.1e} |")
     opt = [r for r in report["results"] if "optimize_local_s_per_iter" in r]
     if opt:
         lines += ["", "Public path `executors.optimize(executor=\"local\")`, one worker, per iteration:", ""]
@@ -341,6 +383,7 @@ def main(argv=None):
     ap.add_argument("--tag", default="", help="suffix of the result files (em_speed<tag>.json/.md)")
     ap.add_argument("--no-optimize", dest="optimize", action="store_false",
                     help="skip timing the public executors.optimize path")
+    ap.add_argument("--no-float32", dest="float32", action="store_false", help="skip the float32 rows")
     ap.add_argument("--no-direct", dest="direct", action="store_false",
                     help="skip the cross-check timing scikit-learn's E-step and M-step directly")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")

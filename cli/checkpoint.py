@@ -217,6 +217,8 @@ def fingerprint(cfg, model: Node, n_rows: int, plan=None) -> Fingerprint:
         paths = [d.path] if d.path is not None else list(d.paths or [])
         files = [file_digest(cfg.resolve(p)) for p in paths]
     fit = {"reg_covar": float(f.reg_covar), "pseudo_count": float(f.pseudo_count)}
+    if f.dtype != "float64":  # a float64 run's fingerprint stays what it was before dtype existed
+        fit["dtype"] = f.dtype
     if model.is_template:
         fit.update(n_init=f.n_init, seed=f.seed, init=f.init, init_iter=f.init_iter)
     plan_text = "" if plan is None else f"{plan.data_parallel}x{plan.model_parallel} grid on {cfg.executor.kind}"

@@ -10,7 +10,8 @@
                      # blas_threads = 1 (per worker; "inherit" leaves the environment's), timeout_s,
                      # on_worker_loss = "fail" | "replan", max_replans = 3, grow_threshold = 0.2
 [fit]                # max_iter, tol, checkpoint_every, output; for a template: n_init, seed,
-                     # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count
+                     # init = "auto" | "kmeans" | "random", init_iter; reg_covar, pseudo_count;
+                     # dtype = "float64" | "float32" (the data and the E-step; sums stay float64)
 [solver]             # time_limit_s, relative_gap, seed, num_workers
 ```
 """
@@ -156,6 +157,8 @@ class FitSection(_Strict):
     #: M-step regularization (``models.regularize``); 0 keeps the floors alone
     reg_covar: float = Field(default=0.0, ge=0)
     pseudo_count: float = Field(default=0.0, ge=0)
+    #: the float type of the data the workers hold and of the E-step (``optimize``'s ``dtype``)
+    dtype: Literal["float64", "float32"] = "float64"
     checkpoint_every: int = Field(default=0, ge=0)
     output: str = "emgrid-out"
 

@@ -134,7 +134,7 @@ class FitRun:
                               init_iter=f.init_iter, reg_covar=f.reg_covar, pseudo_count=f.pseudo_count,
                               previous_log_likelihood=self.resumed_trace[-1] if self.resumed_trace else None,
                               on_worker_loss=cfg.executor.on_worker_loss, max_replans=cfg.executor.max_replans,
-                              grow_threshold=cfg.executor.grow_threshold)
+                              grow_threshold=cfg.executor.grow_threshold, dtype=f.dtype)
         return result, [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
                         and not str(w.message).startswith("not converged")]  # the summary's note says it
 

@@ -127,7 +127,7 @@ def _plan(cfg, model, n):
 
     from .session import build_resources, build_solver
 
-    return balance_plan(model, build_resources(cfg), n_data=n, solver=build_solver(cfg))
+    return balance_plan(model, build_resources(cfg), n_data=n, solver=build_solver(cfg), dtype=cfg.fit.dtype)
 
 
 def cmd_plan(args) -> int:

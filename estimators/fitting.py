@@ -80,7 +80,7 @@ class Stop:
 
 def fit_em(data, model: Node, *, stop: Stop, max_iter: int, n_init: int, random_state, init: str,
            executor, resources, reg_covar: float = 0.0, pseudo_count: float = 0.0,
-           warn_unconverged: bool = True) -> FitResult:
+           warn_unconverged: bool = True, dtype: str = "float64") -> FitResult:
     """``optimize`` with the peer's stopping rule; the result without its grid handle
     (``shards``), so it pickles. A template's ``n_init`` starts are each refined by
     ``init_iter`` EM iterations (1 for a single start, else ``min(10, max_iter)``) before
@@ -89,7 +89,7 @@ def fit_em(data, model: Node, *, stop: Stop, max_iter: int, n_init: int, random_
     # with tol=0 optimize never warns "not converged": the peer's rule decides below
     result = optimize(data, model, executor=executor, resources=resources, max_iter=max_iter, tol=0.0,
                       callback=stop, n_init=n_init, seed=seed_of(random_state), init=init, init_iter=init_iter,
-                      reg_covar=reg_covar, pseudo_count=pseudo_count)
+                      reg_covar=reg_covar, pseudo_count=pseudo_count, dtype=dtype)
     if warn_unconverged and not result.converged and stop.tol > 0:
         warnings.warn(f"{stop.name}: the best initialization did not converge within max_iter={max_iter} "
                       f"iterations (tol={stop.tol:g}); increase max_iter or tol", ConvergenceWarning, stacklevel=3)

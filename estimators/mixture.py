@@ -42,8 +42,9 @@ class GaussianMixture(RowAnswers, DensityMixin, BaseEstimator):
     """A Gaussian mixture fitted by emgrid's EM, with scikit-learn's interface.
 
     Beyond scikit-learn's parameters: ``executor`` (``"local"``, ``"multiprocessing"``,
-    ``"mpi"``, ``"dask"``, ``"ray"`` or an executor) and ``resources`` (a
-    ``planner.Resources``; None: what the executor has at hand). Fitted, beyond
+    ``"mpi"``, ``"dask"``, ``"ray"`` or an executor), ``resources`` (a
+    ``planner.Resources``; None: what the executor has at hand) and ``dtype``
+    (``"float32"`` holds the rows and runs the E-step in float32, statistics in float64). Fitted, beyond
     scikit-learn's attributes: ``model_`` (the emgrid ``Mixture``), ``plan_`` (the plan it
     ran) and ``fit_result_`` (the ``FitResult``: trace, timings, bytes moved).
     ``covariance_type`` ``"tied"`` and ``"spherical"`` have no emgrid family and are refused.
@@ -66,11 +67,13 @@ class GaussianMixture(RowAnswers, DensityMixin, BaseEstimator):
         "verbose_interval": [Interval(Integral, 1, None, closed="left")],
         "executor": "no_validation",
         "resources": "no_validation",
+        "dtype": [StrOptions({"float64", "float32"})],
     }
 
     def __init__(self, n_components=1, *, covariance_type="full", tol=1e-3, reg_covar=1e-6, max_iter=100, n_init=1,
                  init_params="kmeans", weights_init=None, means_init=None, precisions_init=None, random_state=None,
-                 warm_start=False, verbose=0, verbose_interval=10, executor="local", resources=None):
+                 warm_start=False, verbose=0, verbose_interval=10, executor="local", resources=None,
+                 dtype="float64"):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -87,6 +90,7 @@ class GaussianMixture(RowAnswers, DensityMixin, BaseEstimator):
         self.verbose_interval = verbose_interval
         self.executor = executor
         self.resources = resources
+        self.dtype = dtype
 
     # ------------------------------------------------------------------ fit
     def fit(self, X, y=None):
@@ -114,7 +118,7 @@ class GaussianMixture(RowAnswers, DensityMixin, BaseEstimator):
                     verbose=self.verbose, interval=self.verbose_interval, name=type(self).__name__)
         result = fit_em(X, start, stop=stop, max_iter=self.max_iter, n_init=1 if warm else self.n_init,
                         random_state=self.random_state, init=INIT[self.init_params], executor=self.executor,
-                        resources=self.resources, reg_covar=self.reg_covar)
+                        resources=self.resources, reg_covar=self.reg_covar, dtype=self.dtype)
         self._set_fitted(result, n)
         return self
 

@@ -53,7 +53,8 @@ class EMEstimator(RowAnswers, DensityMixin, BaseEstimator):
 
     ``tol`` is on the per-row mean log-likelihood, as scikit-learn's mixtures' (see
     ``estimators.fitting``); ``init``, ``reg_covar`` and ``pseudo_count`` are
-    ``optimize``'s. Fitted: ``model_`` (the emgrid model), ``plan_``, ``fit_result_``,
+    ``optimize``'s, and so is ``dtype`` (``"float32"``: rows and E-step in float32, statistics
+    in float64). Fitted: ``model_`` (the emgrid model), ``plan_``, ``fit_result_``,
     ``n_iter_``, ``converged_``, ``lower_bound_`` (the last per-row mean log-likelihood),
     ``n_features_in_`` (and ``feature_names_in_`` from a DataFrame). ``predict`` and
     ``predict_proba`` answer about the Mixture or HMM at the root.
@@ -70,11 +71,12 @@ class EMEstimator(RowAnswers, DensityMixin, BaseEstimator):
         "pseudo_count": [Interval(Real, 0.0, None, closed="left")],
         "executor": "no_validation",
         "resources": "no_validation",
+        "dtype": [StrOptions({"float64", "float32"})],
         "verbose": ["verbose"],
     }
 
     def __init__(self, template, *, n_init=1, tol=1e-3, max_iter=100, random_state=None, init="auto",
-                 reg_covar=0.0, pseudo_count=0.0, executor="local", resources=None, verbose=0):
+                 reg_covar=0.0, pseudo_count=0.0, executor="local", resources=None, verbose=0, dtype="float64"):
         self.template = template
         self.n_init = n_init
         self.tol = tol
@@ -85,6 +87,7 @@ class EMEstimator(RowAnswers, DensityMixin, BaseEstimator):
         self.pseudo_count = pseudo_count
         self.executor = executor
         self.resources = resources
+        self.dtype = dtype
         self.verbose = verbose
 
     def _data(self, X, reset: bool):
@@ -115,7 +118,7 @@ class EMEstimator(RowAnswers, DensityMixin, BaseEstimator):
         stop = Stop(self.tol, per_row=True, verbose=self.verbose, name=type(self).__name__)
         result = fit_em(X, model, stop=stop, max_iter=self.max_iter, n_init=self.n_init, random_state=self.random_state,
                         init=self.init, executor=self.executor, resources=self.resources, reg_covar=self.reg_covar,
-                        pseudo_count=self.pseudo_count)
+                        pseudo_count=self.pseudo_count, dtype=self.dtype)
         self.model_, self.fit_result_, self.plan_ = result.model, result, result.plan
         self.n_iter_, self.converged_ = result.iterations, result.converged
         self.lower_bound_ = result.log_likelihood[-1] / result.plan.n_data

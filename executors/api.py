@@ -10,6 +10,7 @@ from pathlib import Path
 from time import perf_counter
 
 from emgrid.models import Node, n_rows
+from emgrid.models.data import check_dtype, with_dtype
 from emgrid.models.diagnose import fit_warnings
 from emgrid.models.errors import ConfigError, ConvergenceWarning
 from emgrid.models.init import INIT_METHODS, check_init, complete_shapes, initialize
@@ -46,7 +47,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
              init_iter: int = DEFAULT_INIT_ITER, reg_covar: float = 0.0, pseudo_count: float = 0.0,
              previous_log_likelihood: float | None = None, gather: bool | None = None,
              init_callback: Callback | None = None, on_worker_loss: str = "fail",
-             max_replans: int = 3, grow_threshold: float | None = 0.2) -> FitResult:
+             max_replans: int = 3, grow_threshold: float | None = 0.2, dtype: str = "float64") -> FitResult:
     """Fits ``model`` to ``data`` by EM on a ``D x M`` grid of workers.
 
     - ``model``: a complete model is the starting point (a warm start). A template (some
@@ -89,6 +90,13 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
       An elastic fit also moves onto workers a Dask or Ray cluster gains, at an iteration's
       end, when their plan's predicted iteration time is more than ``grow_threshold`` (a
       share, default 0.2; None: never) below the running plan's.
+    - ``dtype``: ``"float64"`` (default) or ``"float32"``, the float type of the data the
+      workers hold and of the E-step's products (the Gaussian families' kernels run in
+      float32; the others promote to float64 where a float64 parameter enters). Every sum
+      that makes a statistic or the log-likelihood is float64 (a float32 product sums at
+      most ``models.kernels.MAX_GEMM_COLS`` rows before it is added in float64), and the
+      starts are seeded from the float64 data. Executors and plans agree exactly as in
+      float64 on one grid; different grids agree to float32's rounding.
     - ``gather``: whether the fitted model is gathered into ``FitResult.model`` (None: when it
       fits in memory, ``executors.loop.fits_here``); it is always in ``FitResult.shards``.
     - ``reg_covar`` (added to every fitted variance and covariance diagonal) and
@@ -112,6 +120,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     if init not in INIT_METHODS:
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
     check_on_worker_loss(on_worker_loss, max_replans, grow_threshold)
+    dtype = check_dtype(dtype)
     if on_worker_loss == "replan" and ex.name in ("local", "mpi"):
         raise ConfigError(f"on_worker_loss='replan' needs an executor whose workers can be lost and replaced "
                           f"(multiprocessing, dask, ray, spark), not {ex.name!r}"
@@ -135,7 +144,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
             if scratch is not None:
                 data = NpyDataset.from_table(table, model, scratch)
             result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter,
-                               reg, previous_log_likelihood, gather, init_callback, elastic)
+                               reg, previous_log_likelihood, gather, init_callback, elastic, dtype)
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -144,7 +153,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
 
 
 def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter, reg,
-              previous_log_likelihood, gather=None, init_callback=None, elastic=None):
+              previous_log_likelihood, gather=None, init_callback=None, elastic=None, dtype="float64"):
     if isinstance(data, (NpyDataset, SparkFrame)):
         prepared, n = data, data.n_rows
     else:
@@ -158,9 +167,13 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
     check_init(model, init)
     if plan is None:
         resources = resources if resources is not None else ex.default_resources()
-        plan = ex.make_plan(model, resources, n)
-    elif resources is not None:
-        validate_plan(plan, model, resources, n)
+        plan = ex.make_plan(model, resources, n, dtype)
+    else:
+        if plan.dtype != dtype:
+            raise ConfigError(f"the plan was made for dtype={plan.dtype!r}, but this fit asks for dtype={dtype!r}; "
+                              f"plan with balance_plan(..., dtype={dtype!r}) or fit with dtype={plan.dtype!r}")
+        if resources is not None:
+            validate_plan(plan, model, resources, n)
     check_plan_structure(plan, model, n, strict=False)
     if resources is None:
         check_plan_figures(plan)
@@ -173,11 +186,14 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
                                         for s in range(n_init))
         starts, model = tuple(kept), kept[0]
     seeding_s = perf_counter() - t0
+    if not isinstance(prepared, (NpyDataset, SparkFrame)):  # those are cast block by block
+        prepared = with_dtype(prepared, dtype)
     result = ex.run(FitJob(model=model, data=prepared, plan=plan, max_iter=max_iter, tol=float(tol), callback=callback,
                            regularization=reg, starts=starts, start_iter=init_iter, init_callback=init_callback,
                            start_index=tuple(repeats.index(k) for k in range(len(starts))),
                            n_init=n_init if starts else 0,
                            previous_log_likelihood=previous_log_likelihood, gather=gather, resources=resources,
+                           dtype=dtype,
                            **(elastic or {})))
     if starts:
         result.init_log_likelihoods, result.init_best = per_start(result.init_log_likelihoods, result.init_best,

@@ -145,7 +145,7 @@ class CellGrid:
     def __init__(self, job: FitJob, timeout_s: float | None, startup_timeout_s: float):
         self.job = job
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
-        self.layout = grid_layout(job.model, job.plan)
+        self.layout = grid_layout(job.model, job.plan, job.dtype)
         self.cells = [spec for row in self.layout for spec in row]  # grid order
         self.view = self.layout[0][0].view
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)

@@ -103,7 +103,7 @@ class Elastic:
             survivors = self._survivors(error.worker)
             from emgrid.planner import balance_plan
 
-            plan = balance_plan(model, survivors, n_data=old.n_data, previous=old)
+            plan = balance_plan(model, survivors, n_data=old.n_data, previous=old, dtype=old.dtype)
         except (ConfigError, InfeasiblePlanError) as e:
             error.add_note(f"not re-planned: no plan fits the workers left ({e})")
             return False
@@ -137,7 +137,7 @@ class Elastic:
         from emgrid.planner import balance_plan
 
         try:
-            plan = balance_plan(model, grown, n_data=old.n_data, previous=old)
+            plan = balance_plan(model, grown, n_data=old.n_data, previous=old, dtype=old.dtype)
         except (ConfigError, InfeasiblePlanError):
             return False
         said = {"iteration": iteration, "workers": sorted(names), "old_grid": [old.data_parallel, old.model_parallel],

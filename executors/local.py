@@ -48,7 +48,7 @@ class LocalGrid:
         self.meter = PeakMeter()  # one process: one meter for every cell of the grid
         self.cells_meter = _LastReading(self.meter)
         data = job.open_data()
-        self.layout = grid_layout(job.model, job.plan)
+        self.layout = grid_layout(job.model, job.plan, job.dtype)
         self.steps = [[WorkerStep.from_full(job.model, spec, data, self.cells_meter) for spec in row]
                       for row in self.layout]
         self.view = self.layout[0][0].view

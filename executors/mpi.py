@@ -261,12 +261,12 @@ class MpiExecutor(GridExecutor):
     def default_resources(self) -> Resources:
         return Resources.from_mpi(self.comm)
 
-    def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan:
+    def make_plan(self, model: Node, resources: Resources, n_data: int, dtype: str = "float64") -> BalancePlan:
         """Rank 0 plans; every rank receives the same plan (or the same error)."""
         plan, error = None, None
         if self.comm.Get_rank() == 0:
             try:
-                plan = super().make_plan(model, resources, n_data)
+                plan = super().make_plan(model, resources, n_data, dtype)
             except Exception as e:  # noqa: BLE001 - re-raised on every rank below
                 error = e
         plan, error = self.comm.bcast((plan, error), root=0)
@@ -294,7 +294,7 @@ class MpiExecutor(GridExecutor):
         release_shared_memory_files(world)
         if job.gather is None:
             job = replace(job, gather=room_for_the_result(job))
-        layout = grid_layout(job.model, job.plan)
+        layout = grid_layout(job.model, job.plan, job.dtype)
         ranks = rank_map(job.plan, world.Get_size())
         me = world.Get_rank()
         peers = {r: f[2] for r, f in enumerate(facts) if r != me and f[3] == facts[me][3]}

@@ -58,6 +58,8 @@ class FitJob:
     grow_threshold: float | None = 0.2
     #: the resources the plan was made for (None: a plan given without them)
     resources: Resources | None = None
+    #: the float type of the data and the E-step (``models.data.DTYPES``); sums are float64
+    dtype: str = "float64"
 
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""
@@ -85,7 +87,7 @@ class Executor(Protocol):
 
     def default_resources(self) -> Resources: ...
 
-    def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan: ...
+    def make_plan(self, model: Node, resources: Resources, n_data: int, dtype: str = "float64") -> BalancePlan: ...
 
     def check_plan(self, plan: BalancePlan) -> None: ...
 
@@ -103,10 +105,10 @@ class BaseExecutor:
     def default_resources(self) -> Resources:
         return Resources.local()
 
-    def make_plan(self, model: Node, resources: Resources, n_data: int) -> BalancePlan:
+    def make_plan(self, model: Node, resources: Resources, n_data: int, dtype: str = "float64") -> BalancePlan:
         from emgrid.planner import balance_plan
 
-        return balance_plan(model, resources, n_data=n_data)
+        return balance_plan(model, resources, n_data=n_data, dtype=dtype)
 
     def check_plan(self, plan: BalancePlan) -> None:
         return None

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from emgrid.models import Node, ShardView, Stats, take_rows
+from emgrid.models.data import with_dtype
 from emgrid.models.data import Data
 from emgrid.models.engine import block_rows
 from emgrid.models.stats import StatsAccumulator
@@ -60,6 +61,7 @@ class WorkerSpec:
     block_rows: int  # rows per block, the whole model's (a shard's part of it cannot tell)
     index: int = 0  # grid index r * M + s
     trims: bool = True  # hands free heap pages back before each pass (see :data:`TRIM_MIN_BYTES`)
+    dtype: str = "float64"  # the float type of its blocks (``models.data.with_dtype``)
 
     @property
     def rows(self) -> int:
@@ -101,15 +103,16 @@ class WorkerSpec:
 TRIM_MIN_BYTES = 1 << 20
 
 
-def grid_layout(model: Node, plan: BalancePlan) -> list[list[WorkerSpec]]:
-    """``layout[r][s]``: the spec of every worker of the plan's grid (computed once per fit)."""
+def grid_layout(model: Node, plan: BalancePlan, dtype: str = "float64") -> list[list[WorkerSpec]]:
+    """``layout[r][s]``: the spec of every worker of the plan's grid (computed once per fit),
+    its blocks in ``dtype``."""
     view = ShardView.of(model, plan.shard_of_leaf(), len(plan.model_cuts))
     rows_per_block = block_rows(model)
     names = plan.worker_grid()
     m = len(plan.model_cuts)
     planned = {w.name: w.memory_bytes for w in plan.per_worker}
     return [[WorkerSpec(replica=r, shard=s, name=names[r][s], start=start, stop=stop, view=view,
-                        block_rows=rows_per_block, index=r * m + s,
+                        block_rows=rows_per_block, index=r * m + s, dtype=dtype,
                         trims=planned.get(names[r][s], TRIM_MIN_BYTES + WORKER_BASE_BYTES)
                         >= TRIM_MIN_BYTES + WORKER_BASE_BYTES)
              for s in range(m)]
@@ -240,12 +243,15 @@ class WorkerStep:
                     faults.fire(due, spec.name, iteration, k, k == n_blocks - 1)
                 t0 = perf_counter()
                 b = min(spec.rows, a + step)
-                block = take_rows(self.data, a, b)
+                block = with_dtype(take_rows(self.data, a, b), spec.dtype)  # rows in memory arrive cast
                 w = ones[: b - a]
                 if not spec.exchanges:
                     out, part = view.whole_block(model, block, w)
                 else:
                     cache, mine = view.up(spec.shard, model, block)
+                    # the coupling carries float64 on every transport, in memory too, so that
+                    # the nodes above the shard roots add the same numbers everywhere
+                    mine = {r: np.asarray(v, dtype=np.float64) for r, v in mine.items()}
                     sent += sum(v.nbytes for v in mine.values())
                     compute += perf_counter() - t0
                     every = yield mine

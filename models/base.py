@@ -511,6 +511,11 @@ class Leaf(Node):
     #: shifted log densities. Only kernels that build a shared block (``batch_cost`` not
     #: None) do so; the others receive ``offsets=None`` and the parent adds them itself.
     batch_takes_offsets: ClassVar[bool] = False
+    #: Its batched kernels keep float32 data in float32 (``optimize(..., dtype="float32")``):
+    #: log densities and the row weights they receive back stay float32, and their
+    #: statistics come back float64. Other families' kernels receive float64 row weights
+    #: (their log densities promote to float64 wherever a float64 parameter enters).
+    float32_kernels: ClassVar[bool] = False
 
     #: whether its table column holds values of any type (strings, integers, booleans) that
     #: its ``values`` field (a ``Meta``, in code order) encodes as the codes it reads: a

@@ -35,6 +35,12 @@ PICKLE_SCALAR = 9
 COUPLING_BYTES = 8
 #: A block's row weights (one float64 per root row), charged to the root's kept bytes.
 ROW_WEIGHT_BYTES = 8
+#: What float32 (``optimize(..., dtype="float32")``) does to a leaf's own figures: a leaf
+#: reading floats holds its rows in half the bytes; a family with float32 kernels
+#: (``Leaf.float32_kernels``) also keeps its blocks in half the bytes and computes twice as
+#: many lanes per instruction, counted as half the FLOPs. Nodes above the leaves are
+#: charged as in float64 (their arrays promote wherever a float64 parameter enters).
+FLOAT32_SHARE = 0.5
 
 
 class NodeCost(BaseModel):
@@ -145,10 +151,35 @@ def _per_node_row(node: "Node", b: BatchCost | None, rows: float | None = None) 
                       kept_bytes=b.kept_bytes * r, scratch_bytes=b.scratch_bytes * r)
 
 
-def _child_batch_cost(node: "Node") -> BatchCost | None:
-    """:func:`batch_cost` per row of the children's data."""
+def _child_batch_cost(node: "Node", dtype: str = "float64") -> BatchCost | None:
+    """:func:`batch_cost` per row of the children's data, in ``dtype``."""
     cls = batch_class(node)
-    return None if cls is None else cls.batch_cost(node.children)
+    if cls is None:
+        return None
+    b = cls.batch_cost(node.children)
+    if b is None or dtype == "float64" or not cls.float32_kernels:
+        return b
+    f = FLOAT32_SHARE
+    return b._replace(block_flops=b.block_flops * f, component_flops=b.component_flops * f,
+                      kept_bytes=b.kept_bytes * f, scratch_bytes=b.scratch_bytes * f)
+
+
+def reads_floats(node: "Node") -> bool:
+    """Whether ``node`` is a leaf whose rows are floats (cast under ``dtype="float32"``)."""
+    kind = node.data_type() if node.is_leaf else ""
+    return kind == "float" or kind.startswith("vec[")
+
+
+def in_dtype(node: "Node", c: NodeCost, dtype: str) -> NodeCost:
+    """``node``'s own cost ``c`` in ``dtype`` (see :data:`FLOAT32_SHARE`)."""
+    if dtype == "float64" or not node.is_leaf:
+        return c
+    f = FLOAT32_SHARE
+    update = {"data_bytes_per_row": c.data_bytes_per_row * f} if reads_floats(node) else {}
+    if getattr(node, "float32_kernels", False):
+        update.update(flops_per_row=c.flops_per_row * f, work_bytes_per_row=c.work_bytes_per_row * f,
+                      scratch_bytes_per_row=c.scratch_bytes_per_row * f)
+    return c.model_copy(update=update) if update else c
 
 
 def _adds_offsets_in_batch(node: "Node") -> bool:
@@ -225,26 +256,26 @@ def data_lengths(model: "Node") -> dict[str, float]:
     return out
 
 
-def tree_costs(model: "Node") -> list[PlacedCost]:
+def tree_costs(model: "Node", dtype: str = "float64") -> list[PlacedCost]:
     """Every node's cost per root row, in pre-order, with the sequences as long as the data
-    they read (:func:`data_lengths`)."""
+    they read (:func:`data_lengths`), for data and E-step in ``dtype`` (:func:`in_dtype`)."""
     out: list[PlacedCost] = []
     lengths = data_lengths(model)
 
     def walk(node, path, mult, batched: BatchCost | None = None, shifted=False):
         length = lengths.get(path)
-        c = node.cost() if length is None else node.cost(length=length)
+        c = in_dtype(node, node.cost() if length is None else node.cost(length=length), dtype)
         rows = (lambda i: node.child_rows(i)) if length is None else (lambda i: length)  # noqa: E731
         flops, work, scratch = c.flops_per_row, c.work_bytes_per_row, c.scratch_bytes_per_row
         calls = c.calls_per_block
         if batched is not None:  # per row of this node: the parent's rows times child_rows
             flops, work, scratch = batched.component_flops, (0.0 if shifted else work), 0.0
             calls = batched.component_calls
-        child = _child_batch_cost(node)
+        child = _child_batch_cost(node, dtype)
         batch = _per_node_row(node, child, rows(0))
         split_work, split_scratch = work, scratch
         if batch is not None:  # whole: the block; split: no block, the children run alone
-            alone = [(ch.cost(), rows(i)) for i, ch in enumerate(node.children)]
+            alone = [(in_dtype(ch, ch.cost(), dtype), rows(i)) for i, ch in enumerate(node.children)]
             split_work = work + sum(cc.work_bytes_per_row * r for cc, r in alone)
             split_scratch = max([scratch] + [cc.scratch_bytes_per_row * r for cc, r in alone])
             flops += batch.block_flops

@@ -18,7 +18,7 @@ from typing import Union
 
 import numpy as np
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,6 +115,32 @@ def take_rows(data: Data, start: int, stop: int) -> Data:
         vals = take_rows(data.values, a, b)
         return Ragged.unchecked(vals, data.offsets[start : stop + 1] - a)
     return data[start:stop]
+
+
+#: The float types data and the E-step run in (``optimize(..., dtype=...)``); every sum that
+#: makes a statistic or a log-likelihood is float64 in both.
+DTYPES = ("float64", "float32")
+
+
+def check_dtype(dtype) -> str:
+    """``dtype`` as one of :data:`DTYPES` (a name, or numpy's type); ConfigError naming the value otherwise."""
+    name = np.dtype(dtype).name if isinstance(dtype, (type, np.dtype)) else dtype
+    if name not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+    return name
+
+
+def with_dtype(data: Data, dtype: str) -> Data:
+    """``data`` with its float arrays in ``dtype`` (integer columns and offsets as they are);
+    the same objects where nothing changes, so float64 data in float64 costs nothing."""
+    if data is None or dtype == "float64":
+        return data
+    if isinstance(data, tuple):
+        return tuple(with_dtype(c, dtype) for c in data)
+    if isinstance(data, Ragged):
+        return Ragged.unchecked(with_dtype(data.values, dtype), data.offsets)
+    data = np.asarray(data)
+    return data.astype(dtype) if data.dtype.kind == "f" and data.dtype != dtype else data
 
 
 def take_index(data: Data, index: np.ndarray) -> Data:

@@ -132,7 +132,7 @@ class _Pass:
         if fold_upper and node.has_own_stats:
             out[path] = own
         if cls is not None:
-            W = np.asarray(child_ws)
+            W = np.asarray(child_ws, dtype=None if cls.float32_kernels else np.float64)
             if rule.per_leaf is not None:
                 for i, (c, r) in enumerate(zip(node.children, rule.per_leaf)):
                     out[child_path(path, i)] = leaf_accumulate(c, r, W[i])

@@ -79,10 +79,16 @@ class _Expanded(NamedTuple):
     whiten: np.ndarray  # diagonal: precisions (K, d); full: stacked L' (K*d, d + 1)
 
 
-def _is_accurate(r2: float, p: _Expanded, n_features: int) -> bool:
+def _is_accurate(r2: float, p: _Expanded, F: np.ndarray) -> bool:
     """Whether ``P @ F`` is within ``kernels.EXPANDED_MAX_ERROR`` of every log density of a
-    block whose rows have ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``)."""
-    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, n_features + p.slack)
+    block whose rows have ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``), in
+    the feature block's dtype."""
+    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, F.shape[0] + p.slack, F.dtype)
+
+
+def _in(a: np.ndarray, F: np.ndarray) -> np.ndarray:
+    """The parameter matrix ``a`` in the feature block's dtype (float32 blocks multiply in float32)."""
+    return a if a.dtype == F.dtype else a.astype(F.dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -265,6 +271,7 @@ class DiagGaussian(Leaf):
     schema = (Size("dim", of="mean", by="columns"), Param("mean", 1, shape=("dim",)),
               Param("var", 1, POSITIVE, shape=("dim",)), Meta("columns"))
     batch_takes_offsets = True
+    float32_kernels = True
 
     def __init__(self, mean=None, var=None, *, dim: int | None = None, columns=None):
         columns, dim = leaf_columns(columns, dim, mean, self.family)
@@ -328,7 +335,7 @@ class DiagGaussian(Leaf):
         """The feature block ``[xc; xc**2; 1]`` of shape ``(2d + 1, n)``, with the parameters."""
         p = cls._batch_params(leaves)
         n, d = x.shape
-        F = np.empty((2 * d + 1, n))
+        F = np.empty((2 * d + 1, n), dtype=x.dtype)
         centered_t(x, p.c, F[:d])
         np.multiply(F[:d], F[:d], out=F[d : 2 * d])
         F[2 * d] = 1.0
@@ -340,17 +347,18 @@ class DiagGaussian(Leaf):
         p, F = work
         d = p.c.size
         r2 = float(F[d : 2 * d].sum(axis=0).max()) if F.shape[1] else 0.0  # squares are rows d..2d
-        if _is_accurate(r2, p, F.shape[0]):
-            return matmul_cols(offset_matrix(p.P, 2 * d, offsets), F)
+        if _is_accurate(r2, p, F):
+            return matmul_cols(_in(offset_matrix(p.P, 2 * d, offsets), F), F)
         # the direct form sum(prec * (xc - mc)^2), one component at a time, in one (d, n)
         # buffer (a new ``F[:d] - mc`` per component held two at once); ``batch_cost`` counts
         # no scratch for it, the expanded form's block having none (this form is the rare one)
-        out = np.empty((p.P.shape[0], F.shape[1]))
-        t = np.empty((d, F.shape[1]))
+        out = np.empty((p.P.shape[0], F.shape[1]), dtype=F.dtype)
+        t = np.empty((d, F.shape[1]), dtype=F.dtype)
+        whiten = _in(p.whiten, F)
         for k in range(out.shape[0]):
             np.subtract(F[:d], p.mc[k][:, None], out=t)
             np.multiply(t, t, out=t)
-            np.matmul(p.whiten[k], t, out=out[k])
+            np.matmul(whiten[k], t, out=out[k])
         out += p.const[:, None]
         out *= -0.5
         if offsets is not None:
@@ -426,6 +434,7 @@ class FullGaussian(Leaf):
     schema = (Size("dim", of="mean", by="columns"), Param("mean", 1, shape=("dim",)),
               Param("cov", 2, SPD, shape=("dim", "dim")), Meta("columns"))
     batch_takes_offsets = True
+    float32_kernels = True
 
     def __init__(self, mean=None, cov=None, *, dim: int | None = None, columns=None):
         columns, dim = leaf_columns(columns, dim, mean, self.family)
@@ -526,7 +535,7 @@ class FullGaussian(Leaf):
         p = cls._batch_params(leaves)
         n, d = x.shape
         features = p.P is not None
-        F = np.empty((d + 1 + (d * (d + 1) // 2 if features else 0), n))
+        F = np.empty((d + 1 + (d * (d + 1) // 2 if features else 0), n), dtype=x.dtype)
         centered_t(x, p.c, F[:d])
         F[d] = 1.0
         if features:
@@ -541,8 +550,8 @@ class FullGaussian(Leaf):
         """Log densities ``(K, n)``, plus ``offsets[k]`` when given (finite, per component)."""
         p, F = work
         d = p.c.size
-        if p.P is not None and _is_accurate(radius2(F[:d]), p, F.shape[0]):
-            return matmul_cols(offset_matrix(p.P, d, offsets), F)
+        if p.P is not None and _is_accurate(radius2(F[:d]), p, F):
+            return matmul_cols(_in(offset_matrix(p.P, d, offsets), F), F)
         out = cls._whitened_log_density(p, F[: d + 1])
         if offsets is not None:
             out += offsets[:, None]
@@ -552,13 +561,14 @@ class FullGaussian(Leaf):
     def _whitened_log_density(p, Xa):
         """``-0.5 * (||L_k' (x - mean_k)||^2 + const_k)`` from ``Xa = [xc; 1]``, chunk by chunk."""
         k, d, n = p.const.size, p.c.size, Xa.shape[1]
-        out = np.empty((k, n))
+        out = np.empty((k, n), dtype=Xa.dtype)
         cols = gemm_cols(*p.whiten.shape)
-        Y = np.empty((k * d, min(n, cols)))
+        Y = np.empty((k * d, min(n, cols)), dtype=Xa.dtype)
+        whiten = _in(p.whiten, Xa)
         for a in range(0, n, cols):
             b = min(n, a + cols)
             y = Y[:, : b - a]
-            np.matmul(p.whiten, Xa[:, a:b], out=y)
+            np.matmul(whiten, Xa[:, a:b], out=y)
             np.multiply(y, y, out=y)
             np.sum(y.reshape(k, d, b - a), axis=1, out=out[:, a:b])
         out += p.const[:, None]
@@ -570,7 +580,7 @@ class FullGaussian(Leaf):
         p, F = work
         c = p.c
         k, d = p.const.size, c.size
-        W = np.asarray(W, dtype=np.float64)
+        W = np.asarray(W, dtype=F.dtype)
         if p.P is not None:
             # F @ W' with W' row-major: the faster order for this many features
             S = weighted_sums_t(F, np.ascontiguousarray(W.T))  # (features, K)
@@ -580,9 +590,10 @@ class FullGaussian(Leaf):
             M[:, iu[0], iu[1]] = S[d + 1 :].T
             M[:, iu[1], iu[0]] = S[d + 1 :].T
         else:
+            # float32 blocks: the products in float32 over the block, the moments float64 after
             xc = F[:d]
-            sw, sxc = W.sum(axis=1), W @ xc.T
-            M = np.stack([(xc * W[i]) @ xc.T for i in range(k)])
+            sw, sxc = W.sum(axis=1, dtype=np.float64), np.asarray(W @ xc.T, dtype=np.float64)
+            M = np.asarray(np.stack([(xc * W[i]) @ xc.T for i in range(k)]), dtype=np.float64)
         # back to moments about the origin: x = xc + c
         cx = c[None, :, None] * sxc[:, None, :]
         M += cx + cx.transpose(0, 2, 1)

@@ -7,6 +7,10 @@
 - Copies that numpy's broadcasting makes slow: :func:`centered` (``x - mean`` row-major) and
   :func:`centered_t` (``(x - c).T`` component-first).
 - The rounding-error guard of an expanded quadratic form (:func:`expanded_is_accurate`).
+- float32 blocks (``optimize(..., dtype="float32")``): the products run in float32 on
+  chunks of at most ``MAX_GEMM_COLS`` rows, and :func:`weighted_sums` and
+  :func:`weighted_sums_t` add the chunks' sums in float64, so a statistic's rounding grows
+  with a chunk's rows, not the block's or the data's.
 - :func:`log_softmax_parts`: a log-sum-exp over components that keeps subnormal numbers out
   of later products (see ``models.floors.LOG_CLAMP``).
 - :func:`stacked`: a cache of parameters stacked over a tuple of sibling leaves.
@@ -24,8 +28,10 @@ from .floors import LOG_CLAMP
 SMALL_GEMM_MNK = 1_000_000
 MAX_GEMM_COLS = 1024
 #: Largest rounding error (absolute, per log density) accepted from an expanded form; a
-#: block whose bound exceeds it is scored with the direct form instead.
-EXPANDED_MAX_ERROR = 1e-9
+#: block whose bound exceeds it is scored with the direct form instead. In float32 (unit
+#: roundoff 6e-8) the bound is 1e-2, a worst case (every rounding one way) of which the
+#: direct form's own float32 rounding is a few tenths on rows of typical spread.
+EXPANDED_MAX_ERROR = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-2}
 UNIT_ROUNDOFF = float(np.finfo(np.float64).eps) / 2
 
 #: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
@@ -51,7 +57,7 @@ def gemm_cols(m: int, k: int) -> int:
 def matmul_cols(A: np.ndarray, F: np.ndarray) -> np.ndarray:
     """``A @ F`` for a wide ``F``, computed in column chunks."""
     n = F.shape[1]
-    out = np.empty((A.shape[0], n))
+    out = np.empty((A.shape[0], n), dtype=np.result_type(A, F))
     cols = gemm_cols(*A.shape)
     for a in range(0, n, cols):
         b = min(n, a + cols)
@@ -60,14 +66,14 @@ def matmul_cols(A: np.ndarray, F: np.ndarray) -> np.ndarray:
 
 
 def weighted_sums(W: np.ndarray, F: np.ndarray) -> np.ndarray:
-    """``W @ F.T`` (sums over the data rows, shape ``(K, features)``) in chunks of rows."""
-    W = np.asarray(W, dtype=np.float64)
+    """``W @ F.T`` (sums over the data rows, shape ``(K, features)``, float64) in chunks of rows."""
+    W = np.asarray(W, dtype=F.dtype if F.dtype == np.float32 else np.float64)
     n = F.shape[1]
     cols = gemm_cols(W.shape[0], F.shape[0])
     if n <= cols:
-        return W @ F.T
-    out = W[:, :cols] @ F[:, :cols].T
-    part = np.empty_like(out)
+        return np.asarray(W @ F.T, dtype=np.float64)
+    out = np.asarray(W[:, :cols] @ F[:, :cols].T, dtype=np.float64)
+    part = np.empty(out.shape, dtype=W.dtype)
     for a in range(cols, n, cols):
         b = min(n, a + cols)
         np.matmul(W[:, a:b], F[:, a:b].T, out=part)
@@ -76,13 +82,13 @@ def weighted_sums(W: np.ndarray, F: np.ndarray) -> np.ndarray:
 
 
 def weighted_sums_t(F: np.ndarray, Wt: np.ndarray) -> np.ndarray:
-    """``F @ Wt`` (sums over the data rows, shape ``(features, K)``) in chunks of rows."""
+    """``F @ Wt`` (sums over the data rows, shape ``(features, K)``, float64) in chunks of rows."""
     n = F.shape[1]
     cols = gemm_cols(F.shape[0], Wt.shape[1])
     if n <= cols:
-        return F @ Wt
-    out = F[:, :cols] @ Wt[:cols]
-    part = np.empty_like(out)
+        return np.asarray(F @ Wt, dtype=np.float64)
+    out = np.asarray(F[:, :cols] @ Wt[:cols], dtype=np.float64)
+    part = np.empty(out.shape, dtype=np.result_type(F, Wt))
     for a in range(cols, n, cols):
         b = min(n, a + cols)
         np.matmul(F[:, a:b], Wt[a:b], out=part)
@@ -123,18 +129,21 @@ def offset_matrix(P: np.ndarray, column: int, offsets) -> np.ndarray:
     return P
 
 
-def expanded_is_accurate(r2: float, lam: np.ndarray, mc_norm: np.ndarray, pconst: np.ndarray, n_terms: int) -> bool:
-    """Whether an expanded quadratic form ``P @ F`` is within ``EXPANDED_MAX_ERROR`` of every
-    value, for a block whose rows have ``|x - c|^2 <= r2``.
+def expanded_is_accurate(r2: float, lam: np.ndarray, mc_norm: np.ndarray, pconst: np.ndarray, n_terms: int,
+                         dtype=np.float64) -> bool:
+    """Whether an expanded quadratic form ``P @ F`` computed in ``dtype`` is within
+    ``EXPANDED_MAX_ERROR[dtype]`` of every value, for a block whose rows have ``|x - c|^2 <= r2``.
 
     Per component, each value is a dot product whose terms' absolute values sum to at most
     ``lam * (r^2 / 2 + mc_norm * r) + pconst`` (quadratic, linear and constant terms); its
     rounding error, the products, the centering and the coefficients of ``P`` included, is at
-    most ``n_terms * u`` times that, ``u`` the unit roundoff.
+    most ``n_terms * u`` times that, ``u`` the unit roundoff of ``dtype``.
     """
     r = np.sqrt(r2)
     magnitude = float(np.max(lam * (0.5 * r2 + mc_norm * r) + pconst))
-    return n_terms * UNIT_ROUNDOFF * magnitude <= EXPANDED_MAX_ERROR
+    dtype = np.dtype(dtype)
+    u = UNIT_ROUNDOFF if dtype == np.float64 else float(np.finfo(dtype).eps) / 2
+    return n_terms * u * magnitude <= EXPANDED_MAX_ERROR[dtype]
 
 
 def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
@@ -149,6 +158,6 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     if E.size and E.min() < LOG_CLAMP:  # clamping is a no-op otherwise; checking is cheaper
         np.maximum(E, LOG_CLAMP, out=E)
     np.exp(E, out=E)
-    s = np.ones(E.shape[0]) @ E  # a matrix-vector product: faster than E.sum(axis=0)
+    s = np.ones(E.shape[0], dtype=E.dtype) @ E  # a matrix-vector product: faster than E.sum(axis=0)
     with np.errstate(divide="ignore"):
         return m + np.log(s), E, s

@@ -87,8 +87,10 @@ class Mixture(Internal):
     def _distribute(self, data, w, child_lds, ld, aux):
         E, s = aux
         scale = w / np.where(s > 0, s, 1.0)
-        E *= scale  # E now holds each component's row weights
-        return E, (E @ np.ones(E.shape[1]),)
+        E *= scale.astype(E.dtype, copy=False)  # E now holds each component's row weights
+        if E.dtype == np.float64:
+            return E, (E @ np.ones(E.shape[1]),)
+        return E, (np.add.reduce(E, axis=1, dtype=np.float64),)  # a float32 block's counts, in float64
 
     @classmethod
     def _fitted(cls, children, weights: np.ndarray) -> "Mixture":

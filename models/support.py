@@ -141,5 +141,8 @@ def leaf_log_density(leaf, rows: Rows) -> np.ndarray:
 
 
 def leaf_accumulate(leaf, rows: Rows, w: np.ndarray):
-    """``leaf._accumulate`` under the rule: the rows outside its support weigh 0."""
+    """``leaf._accumulate`` under the rule: the rows outside its support weigh 0. Row
+    weights arrive float64 (a float32 block's mixture gives float32 ones), so every leaf's
+    statistics are float64 sums."""
+    w = np.asarray(w, dtype=np.float64)
     return leaf._accumulate(rows.data, w if rows.out is None else np.where(rows.out, 0.0, w))

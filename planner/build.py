@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from emgrid.models.base import Node
+from emgrid.models.data import check_dtype
 
 from .check import check_grid, check_inputs, check_leaf_shards, check_placement, check_rows
 from .costing import Evaluation, evaluate, iteration_bytes
@@ -24,8 +25,9 @@ def plan_from_assignment(model: Node, resources: Resources, n_data: int, *, data
                          shard_of_leaf: dict[str, int], placement: list[list[str]] | None = None,
                          replica_rows=None, status: str = "feasible", lower_bound_s: float = 0.0,
                          solve_time_s: float = 0.0, rationale: str | None = None,
-                         extra: dict | None = None) -> BalancePlan:
-    """The full plan of one assignment, every figure computed by ``costing.evaluate``.
+                         extra: dict | None = None, dtype: str = "float64") -> BalancePlan:
+    """The full plan of one assignment, every figure computed by ``costing.evaluate`` for
+    data and E-step in ``dtype``.
 
     ``placement[r][s]`` names the worker running shard ``s`` of replica ``r`` (default: the
     ``speed/chunked`` layout); ``replica_rows`` defaults to rows proportional to each
@@ -33,7 +35,7 @@ def plan_from_assignment(model: Node, resources: Resources, n_data: int, *, data
     rejects such plans.
     """
     n_data = check_inputs(model, resources, n_data)
-    facts = model_facts(model)
+    facts = model_facts(model, check_dtype(dtype))
     d, m = check_grid(data_parallel, model_parallel, n_data=n_data, n_workers=resources.n_workers,
                       n_leaves=facts.n_leaves)
     arr = check_leaf_shards(facts.leaf_paths, facts.describe, shard_of_leaf, m)
@@ -76,7 +78,7 @@ def assemble(facts: ModelFacts, resources: Resources, n_data: int, ev: Evaluatio
         status=status, objective_s=total, lower_bound_s=float(min(lower_bound_s, total)),
         solve_time_s=float(solve_time_s), predicted_iteration_s=total, breakdown=ev.breakdown, n_data=n_data,
         replica_rows=ev.rows, per_worker=ev.loads, model_fingerprint=facts.fingerprint,
-        resources_fingerprint=resources_fingerprint(resources),
+        resources_fingerprint=resources_fingerprint(resources), dtype=facts.dtype,
     )
     if not rationale:
         plan = plan.model_copy(update={"rationale": default_rationale(plan)})

@@ -153,7 +153,7 @@ def check_plan_structure(plan: BalancePlan, model: Node, n_data: int, resources:
     if resources is not None:
         check_resources(resources)
     n_data = check_count(n_data, "n_data")
-    facts = model_facts(model) if strict else None
+    facts = model_facts(model, plan.dtype) if strict else None
     if facts is not None and plan.model_fingerprint != facts.fingerprint:
         raise PlanError(f"the plan was made for another model (fingerprint {plan.model_fingerprint}, "
                         f"this model's is {facts.fingerprint}); plan again for this model")

@@ -53,6 +53,7 @@ class ModelFacts:
     leaf_hi: np.ndarray
     block_rows: int
     fingerprint: str
+    dtype: str = "float64"  # the float type the figures are for (``models.cost.in_dtype``)
 
     @property
     def n_nodes(self) -> int:
@@ -70,24 +71,26 @@ class ModelFacts:
         return self.descriptions[self.paths.index(path)]
 
 
-_FACTS: OrderedDict[int, tuple[Node, ModelFacts]] = OrderedDict()
+_FACTS: OrderedDict[tuple[int, str], tuple[Node, ModelFacts]] = OrderedDict()
 
 
-def model_facts(model: Node) -> ModelFacts:
-    """The cost arrays of ``model`` (cached by identity; model nodes are immutable)."""
-    hit = _FACTS.get(id(model))
+def model_facts(model: Node, dtype: str = "float64") -> ModelFacts:
+    """The cost arrays of ``model`` with data and E-step in ``dtype`` (cached by identity;
+    model nodes are immutable)."""
+    key = (id(model), dtype)
+    hit = _FACTS.get(key)
     if hit is not None and hit[0] is model:
-        _FACTS.move_to_end(id(model))
+        _FACTS.move_to_end(key)
         return hit[1]
-    facts = _build_facts(model)
-    _FACTS[id(model)] = (model, facts)
+    facts = _build_facts(model, dtype)
+    _FACTS[key] = (model, facts)
     while len(_FACTS) > 16:
         _FACTS.popitem(last=False)
     return facts
 
 
-def _build_facts(model: Node) -> ModelFacts:
-    costs = tree_costs(model)
+def _build_facts(model: Node, dtype: str) -> ModelFacts:
+    costs = tree_costs(model, dtype)
     nodes = model.nodes()
     paths = tuple(c.path for c in costs)
     index = {p: i for i, p in enumerate(paths)}
@@ -143,6 +146,7 @@ def _build_facts(model: Node) -> ModelFacts:
         leaf_hi=hi,
         block_rows=int(block_rows(model)),
         fingerprint=model_fingerprint(model, nodes),
+        dtype=dtype,
     )
 
 

@@ -86,6 +86,8 @@ class BalancePlan(BaseModel):
     per_worker: tuple[WorkerLoad, ...]
     model_fingerprint: str
     resources_fingerprint: str
+    #: the float type of the data and the E-step the figures are for (``optimize``'s ``dtype``)
+    dtype: Literal["float64", "float32"] = "float64"
 
     @property
     def is_model_parallel(self) -> bool:

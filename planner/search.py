@@ -112,12 +112,12 @@ class Search:
     """The state of one ``balance_plan`` call."""
 
     def __init__(self, model: Node, resources: Resources, n_data: int, cfg: SolverConfig,
-                 previous=None):
+                 previous=None, dtype: str = "float64"):
         self.t0 = time.perf_counter()
         self.cfg = cfg
         self.resources = resources
         self.n = n_data
-        self.facts: ModelFacts = model_facts(model)
+        self.facts: ModelFacts = model_facts(model, dtype)
         self.mstep = mstep_s(self.facts)
         self.fine: UnitTree = build_units(self.facts, self.facts.n_leaves)
         self.coarse: UnitTree = self.fine if self.facts.n_leaves <= cfg.max_units else build_units(

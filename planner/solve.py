@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 
 from emgrid.models.base import Node
+from emgrid.models.data import check_dtype
 from emgrid.models.errors import InfeasiblePlanError, PlanError
 
 from .bounds import Bounds
@@ -80,7 +81,8 @@ def enumerate_grids(n_workers: int, n_data: int, max_m: int) -> list[tuple[int, 
 
 
 def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[int, int] | None = None,
-                 solver: SolverConfig | None = None, previous: BalancePlan | None = None) -> BalancePlan:
+                 solver: SolverConfig | None = None, previous: BalancePlan | None = None,
+                 dtype: str = "float64") -> BalancePlan:
     """The plan minimizing the predicted iteration time (see the module docstring).
 
     ``grid=(D, M)`` pins the grid; ``solver`` sets the time limit, gap, seed and workers.
@@ -88,14 +90,17 @@ def balance_plan(model: Node, resources: Resources, *, n_data: int, grid: tuple[
     its leaves' shards are priced on every layout with as many shards, as an incumbent and
     as the program's hint, so the result is never worse than that assignment on these
     resources; the search is otherwise the same.
+    ``dtype``: the float type the fit holds its data and runs its E-step in (``"float64"`` or
+    ``"float32"``, ``models.cost.in_dtype``); the plan records it.
     Raises ``InfeasiblePlanError`` naming the binding constraint when nothing fits.
     """
     n = check_inputs(model, resources, n_data)
+    dtype = check_dtype(dtype)
     if solver is not None and not isinstance(solver, SolverConfig):
         raise PlanError(f"solver must be a planner.SolverConfig, got {type(solver).__name__}")
     if previous is not None and not isinstance(previous, BalancePlan):
         raise PlanError(f"previous must be a BalancePlan, got {type(previous).__name__}")
-    search = Search(model, resources, n, solver or SolverConfig(), previous)
+    search = Search(model, resources, n, solver or SolverConfig(), previous, dtype)
     facts = search.facts
     if grid is not None:
         if not isinstance(grid, (tuple, list)) or len(grid) != 2:
