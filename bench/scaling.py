@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from emgrid.cli.advise import free_cores  # noqa: E402  (the probe emgrid advise runs)
 from emgrid.executors import NpyDataset, optimize  # noqa: E402
 from emgrid.models import Composite, DiagGaussian, FullGaussian, Gaussian, Mixture  # noqa: E402
 from emgrid.planner import Network, Resources, plan_from_assignment  # noqa: E402
@@ -117,25 +118,6 @@ def make_plan(model, n: int, d: int, m: int, rate: float, network: Network, shar
 
 
 # ---------------------------------------------------------------- how many cores are free
-def _probe_work(_=None) -> float:
-    """Seconds of a fixed single-thread matrix workload (about 0.25 s on one free core)."""
-    a = np.random.default_rng(0).standard_normal((256, 256))
-    t0 = time.perf_counter()
-    for _ in range(400):
-        a = np.tanh(a @ a.T / 256.0)
-    return time.perf_counter() - t0
-
-
-def free_cores(workers: int = 2) -> float:
-    """``workers`` copies of the probe at once against one alone: about ``workers`` on an
-    idle machine, less when other processes share the cores."""
-    import multiprocessing as mp
-
-    alone = min(_probe_work() for _ in range(2))
-    with mp.get_context("spawn").Pool(workers) as pool:
-        pool.map(_probe_work, range(workers))  # start-up
-        together = max(pool.map(_probe_work, range(workers)))
-    return workers * alone / together
 
 
 # ---------------------------------------------------------------- running

@@ -3,9 +3,12 @@
 Measures the model's compute per row here, with BLAS at the threads per worker the fit
 will run (``[executor] blas_threads``, default 1), and each executor's fixed cost per
 iteration (a tiny model, many iterations), then predicts seconds per iteration for local
-and for each worker count: ``rows * seconds_per_row / min(workers, cores / blas_threads)
-+ fixed overhead``. Workers beyond this machine's cores (those this process may run on)
-share them and compute no faster, so no count above ``cores / blas_threads`` is advised.
+and for each worker count: ``rows * seconds_per_row / max(1, min(workers, cores /
+blas_threads, free cores)) + fixed overhead``. Workers beyond this machine's cores (those
+this process may run on) share them and compute no faster, so no count above ``cores /
+blas_threads`` is advised; and cores that other processes keep busy are not free: they are
+measured (:func:`free_cores`, before and after the overheads), and a prediction made while
+other processes hold cores, or while their load changed, says it is not to be trusted.
 """
 
 from __future__ import annotations
@@ -26,6 +29,48 @@ def machine_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def probe_seconds(_=None) -> float:
+    """Seconds of a fixed single-thread matrix workload (about 0.25 s on one free core)."""
+    from emgrid.executors.threads import limited
+
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    with limited(1):
+        t0 = time.perf_counter()
+        for _ in range(400):
+            a = np.tanh(a @ a.T / 256.0)
+        return time.perf_counter() - t0
+
+
+def free_cores(workers: int = 2) -> float:
+    """How many of ``workers`` processes compute at full speed here now: ``workers`` copies
+    of :func:`probe_seconds` at once against one alone (about ``workers`` on an idle machine
+    with that many cores, less when other processes share them)."""
+    import multiprocessing as mp
+
+    if workers < 2:
+        return 1.0
+    alone = min(probe_seconds() for _ in range(2))
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pool.map(probe_seconds, range(workers))  # start-up
+        together = max(pool.map(probe_seconds, range(workers)))
+    return workers * alone / together
+
+
+def trust_notes(before: float, after: float, parallel: int) -> list[str]:
+    """Why the predictions may not hold: other processes hold cores the workers would run on,
+    or their load changed while the free cores were measured (``before`` and ``after``)."""
+    notes = []
+    least = min(before, after)
+    if least < parallel - 0.25:
+        notes.append(f"not to be trusted as it stands: other processes keep about {parallel - least:.1f} of the "
+                     f"{parallel} cores busy that the workers would run on; the predictions assume they go on "
+                     "doing so. Run advise again when the machine is quieter.")
+    if abs(before - after) > 0.25 * max(before, after):
+        notes.append(f"not to be trusted: the load changed while advise measured (free cores {before:.2f}, then "
+                     f"{after:.2f}).")
+    return notes
 
 
 def seconds_per_row(model, data, *, budget_rows: int = 20000, repeats: int = 3,
@@ -131,6 +176,7 @@ def advise(cfg) -> str:
     cores = machine_cores()
     configured = build_resources(cfg).n_workers
     counts, parallel = worker_counts(configured, cores, threads)
+    free_before = free_cores(parallel) if counts else 1.0
     each = "as many as the cores" if threads is None else str(threads)
     lines = [f"model: {model.describe()}, {n} rows; compute here {per_row * 1e6:.3f} us/row "
              f"-> local {local:.4g} s/iter",
@@ -140,22 +186,32 @@ def advise(cfg) -> str:
              f"{'executor':<16} {'workers':>7} {'overhead/iter':>14} {'predicted s/iter':>17} {'speed-up':>9}"]
     lines.append(f"{'local':<16} {1:>7} {'-':>14} {local:>17.4g} {1.0:>9.2f}")
     best = ("local", 1, local)
+    measured = []
     for kind in ("multiprocessing", "mpi", *installed_engines()):
         if not counts:
             lines.append(f"{kind:<16} skipped: these cores run one worker at a time")
         for p in counts:
-            over = executor_overhead(kind, p)
-            if over is None:
-                lines.append(f"{kind:<16} {p:>7} {'unavailable':>14}")
-                continue
-            pred = local / min(p, parallel) + over
-            lines.append(f"{kind:<16} {p:>7} {over * 1e3:>11.3f} ms {pred:>17.4g} {local / pred:>9.2f}")
-            if pred < best[2]:
-                best = (kind, p, pred)
+            measured.append((kind, p, executor_overhead(kind, p)))
+    free_after = free_cores(parallel) if counts else 1.0
+    free = min(free_before, free_after)
+    for kind, p, over in measured:
+        if over is None:
+            lines.append(f"{kind:<16} {p:>7} {'unavailable':>14}")
+            continue
+        pred = local / max(1.0, min(p, parallel, free)) + over
+        lines.append(f"{kind:<16} {p:>7} {over * 1e3:>11.3f} ms {pred:>17.4g} {local / pred:>9.2f}")
+        if pred < best[2]:
+            best = (kind, p, pred)
     lines.append("")
+    if counts:
+        lines.append(f"free cores ({parallel} single-thread probes at once against one alone): {free_before:.2f} "
+                     f"before the overheads were measured, {free_after:.2f} after; the speed-ups above count at "
+                     f"most {free:.2f}.")
     if best[0] == "local":
         lines.append("advice: stay local; the per-iteration overhead of every executor outweighs the compute it saves.")
     else:
         lines.append(f"advice: distribute with {best[0]} on {best[1]} workers: predicted {best[2]:.4g} s/iter "
                      f"against {local:.4g} s/iter locally ({local / best[2]:.2f}x).")
+    if counts:
+        lines.extend(trust_notes(free_before, free_after, parallel))
     return "\n".join(lines)

@@ -194,6 +194,7 @@ def test_advise_says_what_helps(tmp_path):
     r = emgrid("advise", config(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "advice:" in r.stdout and "local" in r.stdout
+    assert "free cores" in r.stdout  # measured, not assumed
     from emgrid.cli.advise import installed_engines
 
     for kind in installed_engines():  # measured on a local cluster of its own, or said unavailable

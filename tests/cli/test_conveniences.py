@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from emgrid.cli.advise import worker_counts
+from emgrid.cli.advise import trust_notes, worker_counts
 from emgrid.cli.config import load_config
 from emgrid.cli.progress import Progress
 from emgrid.models.errors import ConfigError
@@ -207,3 +207,15 @@ def test_a_fit_runs_with_the_configs_blas_threads(tmp_path):
 ])
 def test_advise_measures_no_more_workers_than_the_cores_run_at_once(configured, cores, threads, counts, parallel):
     assert worker_counts(configured, cores, threads) == (counts, parallel)
+
+
+@pytest.mark.parametrize("before, after, parallel, says", [
+    (1.98, 1.95, 2, []),                                 # an idle machine: the prediction stands
+    (1.05, 1.10, 2, ["keep about 0.9 of the 2 cores busy"]),  # another process holds a core
+    (1.95, 1.20, 2, ["keep about 0.8", "load changed"]),  # it arrived while advise measured
+])
+def test_advise_says_when_its_prediction_is_not_to_be_trusted(before, after, parallel, says):
+    notes = " ".join(trust_notes(before, after, parallel))
+    for words in says:
+        assert words in notes
+    assert bool(notes) == bool(says)
