@@ -23,6 +23,7 @@ from emgrid.planner import Resources  # noqa: E402
 from .actor_checks import GRIDS, assert_same_fit, grid_id, local_fits  # noqa: E402
 from .fault_models import ROWS, blocky_data, blocky_model  # noqa: E402
 from .plans import grid_plan  # noqa: E402
+from .test_elastic import CASES  # noqa: E402
 from .test_faults import deadline  # noqa: E402
 
 
@@ -128,24 +129,33 @@ def test_a_hung_cell_is_named_after_the_timeout_and_killed(instance, monkeypatch
     assert_nothing_left(cells.pids)
 
 
-def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(instance, nested):
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0][0]}x{c[0][1]}")
+def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterrupted_one(instance, nested, case):
+    """A cell's actor process killed at a random iteration (seeded per grid) of a 2x1, a 1x2
+    (a column's only cell: the coordinator's kept model restarts it) and a 3x1 fit: the fit
+    re-plans on the workers left and ends as the uninterrupted one."""
+    import random
+
     import numpy as np
 
+    from .test_elastic import Killer, assert_close_models
+
+    (d, m), workers = case
     model, data = nested
     n = n_rows(model.prepare(data))
-    plan = grid_plan(model, n, 2, 1)
-    want = optimize(data, model, plan=plan, max_iter=12, tol=1e-7)
-    cells = Cells()
-
-    def kill_second_cell(it, ll, result):
-        cells.pids.extend(p for p in cells.ex.worker_pids if p not in cells.pids)
-        if it == 2 and not result.replans:
-            os.kill(cells.ex.worker_pids[1], signal.SIGKILL)
-
+    resources = Resources.uniform(workers)
+    plan = grid_plan(model, n, d, m)
+    want = optimize(data, model, plan=plan, resources=resources, max_iter=40, tol=1e-7)
+    rng = random.Random(f"ray-{d}x{m}")
+    ex = get("ray")
+    kill = Killer(ex, rng.randint(1, min(4, want.iterations - 1)), d * m, rng)
     with deadline(180):
-        got = optimize(data, model, plan=plan, executor=cells.ex, max_iter=12, tol=1e-7, callback=kill_second_cell,
-                       on_worker_loss="replan")
-    assert [r["iteration"] for r in got.replans] == [3]
-    np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+        got = optimize(data, model, plan=plan, resources=resources, executor=ex, max_iter=40, tol=1e-7,
+                       callback=kill, on_worker_loss="replan")
+    (lost,) = got.replans
+    assert lost["iteration"] == kill.at + 1 and lost["old_grid"] == [d, m]
+    assert lost["worker"] == plan.per_worker[kill.cell].name
     assert got.iterations == want.iterations
-    assert_nothing_left(cells.pids)
+    np.testing.assert_allclose(got.log_likelihood, want.log_likelihood, rtol=1e-9)
+    assert_close_models(got.model, want.model)
+    assert_nothing_left(kill.pids)
