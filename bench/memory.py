@@ -83,6 +83,12 @@ def bench_models(scale: float = 1.0):
     yield ("2 categorical mixtures V=200000 K=4", Composite([
         Mixture([Categorical(rng.dirichlet(np.ones(v))) for _ in range(k)], np.full(k, 1 / k)) for _ in range(2)]),
         n(20_000), [(2, 1), (1, 2)])
+    # full covariances of many dimensions, one component group per shard: what the M-step's
+    # temporaries, the Cholesky caches and the batched kernels' slices hold beside the data
+    for d, rows in ((64, 20_000), (128, 10_000)):
+        k = 16
+        yield (f"full-cov mixture K=16 d={d}", Mixture([FullGaussian(rng.normal(size=d), np.eye(d)) for _ in range(k)],
+                                                      np.full(k, 1 / k)), n(rows), [(1, 4)])
     k, d = 8, 16
     yield ("diag mixture K=8 d=16, N=2e6", Mixture([DiagGaussian(rng.normal(size=d), np.ones(d)) for _ in range(k)],
                                                    np.full(k, 1 / k)), n(2_000_000), [(2, 1)])
@@ -144,7 +150,8 @@ def measure_models(executor: str, scale: float, iterations: int, only: str | Non
             del data
             for grid in grids:
                 # under MPI the rank of cell (0, 0) also coordinates
-                resources = Resources.uniform(2).model_copy(update={"coordinator_in_grid": executor == "mpi"})
+                resources = Resources.uniform(max(2, grid[0] * grid[1])).model_copy(
+                    update={"coordinator_in_grid": executor == "mpi"})
                 plan = balance_plan(model, resources, n_data=n, grid=grid)
                 if executor == "mpi":
                     peaks = run_mpi(scratch, model, plan, iterations)
