@@ -178,9 +178,10 @@ class MpiLink:
         if wait:
             self._wait_all(requests, "sending to every rank")
         else:
-            self.sends += requests
-            if len(self.sends) > 64 and self.MPI.Request.Testall(self.sends):
-                self.sends = []
+            # a request holds its buffer until it is dropped: the completed ones go at once, or a
+            # model-parallel rank would keep every block's coupling message of the last
+            # iterations (a copy of its shard roots' densities per row, unplanned)
+            self.sends = [r for r in self.sends if not r.Test()] + requests
 
     def flush(self) -> None:
         """Completes this rank's sends (before it returns its result)."""

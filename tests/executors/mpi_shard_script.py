@@ -75,6 +75,14 @@ def memory_case():
     return model, big_model(1).sample(MEMORY_N, np.random.default_rng(4))
 
 
+def coupling_case():
+    """A mixture of 8 diagonal Gaussians (d=16) and 60,000 rows: 4 blocks per iteration, each
+    shard of a 1x2 grid sending 4 components' densities per row and block."""
+    rng = np.random.default_rng(6)
+    model = Mixture([DiagGaussian(rng.normal(size=16), np.ones(16)) for _ in range(8)], np.full(8, 1 / 8))
+    return model, model.sample(60_000, rng)
+
+
 def memory_resources():
     from emgrid.planner import Resources
 
@@ -106,6 +114,14 @@ def main() -> int:
         except RuntimeError:  # the ranks have left the fit: the model went with them
             res.model = fetched[-1] if fetched else None  # the coordinator's (only it calls back)
         results["fetched", 2, 2] = res
+    elif what == "coupling":
+        # a data-heavy model-parallel fit: many blocks' coupling messages per iteration
+        from emgrid.executors import NpyDataset
+
+        model, _ = coupling_case()
+        plan = pickle.loads(Path(sys.argv[3]).read_bytes())
+        # rows mapped from disk by each rank, so that its measured peak holds them as its plan does
+        results["coupling"] = optimize(NpyDataset(sys.argv[4]), model, plan=plan, executor="mpi", max_iter=4, tol=0.0)
     else:
         model, data = memory_case()
         plan = pickle.loads(Path(sys.argv[3]).read_bytes())

@@ -172,3 +172,26 @@ def test_a_model_larger_than_every_workers_memory_is_planned_and_fitted_under_mp
         # every rank, the coordinator included, measures within 25% of the plan's figure
         # (MPI's shared-memory buffers it touches count too)
         assert got["peaks"][w.name] <= 1.25 * w.memory_bytes, (w.name, got["peaks"][w.name], w.memory_bytes)
+
+
+@needs_mpiexec
+def test_a_model_parallel_rank_holds_no_more_than_its_plan_across_iterations(tmp_path):
+    """Every block of a 1x2 fit sends each shard's densities to the other rank: a rank that
+    kept its sent messages (MPI requests hold their buffers) grew by a block's densities per
+    block and iteration; each rank stays within 25% of its plan."""
+    from emgrid.executors import NpyDataset
+    from emgrid.planner import Resources, balance_plan
+
+    from .mpi_shard_script import coupling_case
+
+    model, data = coupling_case()
+    NpyDataset.write(data, tmp_path / "rows", model)
+    plan = balance_plan(model, Resources.uniform(2), n_data=n_rows(model.prepare(data)), grid=(1, 2))
+    out, planned = tmp_path / "coupling.pkl", tmp_path / "plan.pkl"
+    planned.write_bytes(pickle.dumps(plan))
+    proc = mpiexec(2, HERE / "mpi_shard_script.py", "coupling", str(out), str(planned), str(tmp_path / "rows"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = pickle.loads(out.read_bytes())["coupling"]
+    assert got["trace"] == optimize(data, model, plan=plan, max_iter=4, tol=0.0).log_likelihood
+    for w in plan.per_worker:
+        assert got["peaks"][w.name] <= 1.25 * w.memory_bytes, (w.name, got["peaks"][w.name], w.memory_bytes)
