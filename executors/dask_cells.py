@@ -129,6 +129,9 @@ class DaskCell:
     async def update(self, iteration: int, skeleton: bytes) -> None:
         return await self._threaded(self.cell.update, iteration, skeleton)
 
+    async def update_and_run(self, previous: int, skeleton: bytes, iteration: int):
+        return await self._threaded(self.cell.update_and_run, previous, skeleton, iteration)
+
     async def owned(self) -> dict:
         return await self._threaded(self.cell.owned)
 

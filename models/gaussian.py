@@ -79,11 +79,12 @@ class _Expanded(NamedTuple):
     whiten: np.ndarray  # diagonal: precisions (K, d); full: stacked L' (K*d, d + 1)
 
 
-def _is_accurate(r2: float, p: _Expanded, F: np.ndarray) -> bool:
+def _is_accurate(r2: float, p: _Expanded, F: np.ndarray, dtype=None) -> bool:
     """Whether ``P @ F`` is within ``kernels.EXPANDED_MAX_ERROR`` of every log density of a
     block whose rows have ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``), in
-    the feature block's dtype."""
-    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, F.shape[0] + p.slack, F.dtype)
+    ``dtype`` (default: the feature block's)."""
+    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, F.shape[0] + p.slack,
+                                F.dtype if dtype is None else dtype)
 
 
 def _in(a: np.ndarray, F: np.ndarray) -> np.ndarray:
@@ -535,8 +536,20 @@ class FullGaussian(Leaf):
         p = cls._batch_params(leaves)
         n, d = x.shape
         features = p.P is not None
-        F = np.empty((d + 1 + (d * (d + 1) // 2 if features else 0), n), dtype=x.dtype)
-        centered_t(x, p.c, F[:d])
+        rows = d + 1 + (d * (d + 1) // 2 if features else 0)
+        if features and x.dtype != np.float64:
+            # float32 rows: where float32's rounding is too coarse for the expanded form on
+            # them (sharp components), the block is built and scored in float64 instead of
+            # the slower whitened form
+            xc = np.empty((d, n), dtype=x.dtype)
+            centered_t(x, p.c, xc)
+            accurate = _is_accurate(radius2(xc), p, np.empty((rows, 0)), x.dtype)
+            F = np.empty((rows, n), dtype=x.dtype if accurate else np.float64)
+            F[:d] = xc
+            del xc
+        else:
+            F = np.empty((rows, n), dtype=x.dtype)
+            centered_t(x, p.c, F[:d])
         F[d] = 1.0
         if features:
             o = d + 1

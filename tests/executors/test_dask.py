@@ -262,6 +262,7 @@ def test_a_killed_cell_is_replanned_when_asked_and_the_fit_ends_as_the_uninterru
     n = n_rows(model.prepare(data))
     plan = grid_plan(model, n, *grid)
     want = optimize(data, model, plan=plan, max_iter=40, tol=1e-7)
+    client.wait_for_workers(2, timeout=60)  # a worker an earlier test killed is back
     rng = random.Random(f"dask-{grid}")
     ex = get("dask", address=client)
     kill = Killer(ex, rng.randint(1, min(4, want.iterations - 1)), grid[0] * grid[1], rng)
