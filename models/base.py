@@ -516,6 +516,10 @@ class Leaf(Node):
     #: statistics come back float64. Other families' kernels receive float64 row weights
     #: (their log densities promote to float64 wherever a float64 parameter enters).
     float32_kernels: ClassVar[bool] = False
+    #: What the plan counts of its own FLOPs and block bytes in float32, as a share of
+    #: float64's: 1.0 unless its kernels always run in float32 (a kernel that may widen a
+    #: block to float64 is planned as float64, so no worker's memory is under-counted).
+    float32_share: ClassVar[float] = 1.0
 
     #: whether its table column holds values of any type (strings, integers, booleans) that
     #: its ``values`` field (a ``Meta``, in code order) encodes as the codes it reads: a

@@ -36,11 +36,11 @@ COUPLING_BYTES = 8
 #: A block's row weights (one float64 per root row), charged to the root's kept bytes.
 ROW_WEIGHT_BYTES = 8
 #: What float32 (``optimize(..., dtype="float32")``) does to a leaf's own figures: a leaf
-#: reading floats holds its rows in half the bytes; a family with float32 kernels
-#: (``Leaf.float32_kernels``) also keeps its blocks in half the bytes and computes twice as
-#: many lanes per instruction, counted as half the FLOPs. Nodes above the leaves are
-#: charged as in float64 (their arrays promote wherever a float64 parameter enters).
-FLOAT32_SHARE = 0.5
+#: reading floats holds its rows in half the bytes; a family whose kernels always run in
+#: float32 also keeps its blocks and counts its FLOPs at ``Leaf.float32_share`` of float64's
+#: (twice the lanes per instruction). Nodes above the leaves are charged as in float64
+#: (their arrays promote wherever a float64 parameter enters).
+FLOAT32_DATA_SHARE = 0.5
 
 
 class NodeCost(BaseModel):
@@ -157,9 +157,9 @@ def _child_batch_cost(node: "Node", dtype: str = "float64") -> BatchCost | None:
     if cls is None:
         return None
     b = cls.batch_cost(node.children)
-    if b is None or dtype == "float64" or not cls.float32_kernels:
+    f = 1.0 if dtype == "float64" else cls.float32_share
+    if b is None or f == 1.0:
         return b
-    f = FLOAT32_SHARE
     return b._replace(block_flops=b.block_flops * f, component_flops=b.component_flops * f,
                       kept_bytes=b.kept_bytes * f, scratch_bytes=b.scratch_bytes * f)
 
@@ -171,12 +171,12 @@ def reads_floats(node: "Node") -> bool:
 
 
 def in_dtype(node: "Node", c: NodeCost, dtype: str) -> NodeCost:
-    """``node``'s own cost ``c`` in ``dtype`` (see :data:`FLOAT32_SHARE`)."""
+    """``node``'s own cost ``c`` in ``dtype`` (see :data:`FLOAT32_DATA_SHARE`)."""
     if dtype == "float64" or not node.is_leaf:
         return c
-    f = FLOAT32_SHARE
-    update = {"data_bytes_per_row": c.data_bytes_per_row * f} if reads_floats(node) else {}
-    if getattr(node, "float32_kernels", False):
+    update = {"data_bytes_per_row": c.data_bytes_per_row * FLOAT32_DATA_SHARE} if reads_floats(node) else {}
+    f = getattr(node, "float32_share", 1.0)
+    if f != 1.0:
         update.update(flops_per_row=c.flops_per_row * f, work_bytes_per_row=c.work_bytes_per_row * f,
                       scratch_bytes_per_row=c.scratch_bytes_per_row * f)
     return c.model_copy(update=update) if update else c

@@ -273,6 +273,7 @@ class DiagGaussian(Leaf):
               Param("var", 1, POSITIVE, shape=("dim",)), Meta("columns"))
     batch_takes_offsets = True
     float32_kernels = True
+    float32_share = 0.5
 
     def __init__(self, mean=None, var=None, *, dim: int | None = None, columns=None):
         columns, dim = leaf_columns(columns, dim, mean, self.family)
