@@ -13,7 +13,11 @@ really holds (measured peak minus its data, over one block of rows) against the 
 ``models.cost.block_bytes_per_row`` (the nodes' kept bytes plus the largest scratch), the
 input the plan's working-array term multiplies.
 
-Writes ``bench/results/memory.{md,json}`` (``memory_mpi`` with ``--executor mpi``; ``--out`` to change).
+``--dtype float32`` plans and fits every model with its rows and E-step in float32 (the
+rows written to disk in float64, each worker reading its own into float32).
+
+Writes ``bench/results/memory.{md,json}`` (``memory_mpi`` with ``--executor mpi``, a
+``_float32`` suffix with ``--dtype float32``; ``--out`` to change).
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def bench_models(scale: float = 1.0):
 
 def terms(model, plan: BalancePlan) -> list[dict]:
     """The plan's memory terms of every worker (bytes), as planner.costing computes them."""
-    facts = model_facts(model)
+    facts = model_facts(model, plan.dtype)
     m = plan.model_parallel
     sums = shard_sums(facts, leaf_shard_array(facts, plan.shard_of_leaf()), m)
     out = []
@@ -132,12 +136,14 @@ def mpi_rank(dataset_dir: str, work: str, iterations: int) -> None:
 
     model = from_spec(json.loads(Path(work, "model.json").read_text()))
     plan = BalancePlan.from_json(Path(work, "plan.json").read_text())
-    res = optimize(NpyDataset(dataset_dir), model, plan=plan, executor="mpi", max_iter=iterations, tol=0.0)
+    res = optimize(NpyDataset(dataset_dir), model, plan=plan, executor="mpi", max_iter=iterations, tol=0.0,
+                   dtype=plan.dtype)
     if MPI.COMM_WORLD.Get_rank() == 0:
         Path(work, "peaks.json").write_text(json.dumps(res.worker_peak_bytes))
 
 
-def measure_models(executor: str, scale: float, iterations: int, only: str | None) -> list[dict]:
+def measure_models(executor: str, scale: float, iterations: int, only: str | None,
+                   dtype: str = "float64") -> list[dict]:
     rows = []
     for name, model, n, grids in bench_models(scale):
         if only and only not in name:
@@ -152,12 +158,12 @@ def measure_models(executor: str, scale: float, iterations: int, only: str | Non
                 # under MPI the rank of cell (0, 0) also coordinates
                 resources = Resources.uniform(max(2, grid[0] * grid[1])).model_copy(
                     update={"coordinator_in_grid": executor == "mpi"})
-                plan = balance_plan(model, resources, n_data=n, grid=grid)
+                plan = balance_plan(model, resources, n_data=n, grid=grid, dtype=dtype)
                 if executor == "mpi":
                     peaks = run_mpi(scratch, model, plan, iterations)
                 else:
                     res = optimize(dataset, model, plan=plan, executor=get("multiprocessing"), max_iter=iterations,
-                                   tol=0.0)
+                                   tol=0.0, dtype=dtype)
                     peaks = res.worker_peak_bytes
                 for t in terms(model, plan):
                     measured = peaks[t["worker"]]
@@ -240,7 +246,8 @@ def measure_families(iterations: int) -> list[dict]:
 # ---------------------------------------------------------------- report
 def markdown(rows: list[dict], families: list[dict], meta: dict) -> str:
     lines = ["# Predicted against measured peak memory per worker", "",
-             f"`python bench/memory.py` ({meta['executor']}, {meta['iterations']} iterations per fit, "
+             f"`python bench/memory.py` ({meta['executor']}, {meta.get('dtype', 'float64')}, "
+             f"{meta['iterations']} iterations per fit, "
              f"{meta['date']}, {meta['machine']}).", "",
              "Predicted: the plan's `per_worker[i].memory_bytes` = data (the worker's rows of its columns) + "
              "work (one block of working arrays: block rows x (the kept bytes of the nodes it evaluates + their largest scratch), plus exchanged log "
@@ -282,14 +289,16 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every model's rows")
     p.add_argument("--only", help="models whose name contains this")
     p.add_argument("--families", action="store_true", help="also the per-family table")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     p.add_argument("--out", help="where to write .md and .json (default: bench/results/memory, "
                                  "memory_mpi for --executor mpi)")
     args = p.parse_args()
     if args.out is None:
-        args.out = str(HERE / "results" / ("memory_mpi" if args.executor == "mpi" else "memory"))
-    meta = {"executor": args.executor, "iterations": args.iterations, "scale": args.scale,
+        args.out = str(HERE / "results" / (("memory_mpi" if args.executor == "mpi" else "memory")
+                                           + ("_float32" if args.dtype == "float32" else "")))
+    meta = {"executor": args.executor, "iterations": args.iterations, "scale": args.scale, "dtype": args.dtype,
             "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores"}
-    rows = measure_models(args.executor, args.scale, args.iterations, args.only)
+    rows = measure_models(args.executor, args.scale, args.iterations, args.only, args.dtype)
     families = measure_families(args.iterations) if args.families else []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

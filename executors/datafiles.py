@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from emgrid.models import Node, Ragged, n_rows
-from emgrid.models.data import Data
+from emgrid.models.data import Data, with_dtype
 from emgrid.models.errors import DataError
 from emgrid.models.files import regular_file
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
@@ -198,11 +198,13 @@ class NpyDataset:
 
         return get(self.layout)
 
-    def open_rows(self, start: int, stop: int) -> Data:
+    def open_rows(self, start: int, stop: int, dtype: str = "float64") -> Data:
         """Rows ``start:stop`` of every column, each file mapped over just their bytes (a
         sequence's offsets first, then the values they span), not the whole file sliced: the
         kernel maps file pages around each fault, and for a worker whose rows start mid-file
-        those around its first rows lie outside its range."""
+        those around its first rows lie outside its range. With ``dtype="float32"`` the float
+        columns are read into float32 arrays instead (:func:`_read_as`), the worker's rows
+        then taking the bytes its plan counts for them."""
         if not 0 <= start <= stop <= self.n_rows:
             raise DataError(f"rows {start}:{stop} are outside the dataset's {self.n_rows} rows")
 
@@ -217,13 +219,14 @@ class NpyDataset:
                 lo, hi = int(offsets[0]), int(offsets[-1])
                 return Ragged.unchecked(get(node["values"], lo, hi), offsets - lo)
             if kind == "table":
-                return tables.read_rows(self.directory, node, a, b)
-            return self._load_range(node["file"], a, b)
+                return with_dtype(tables.read_rows(self.directory, node, a, b), dtype)
+            return self._load_range(node["file"], a, b, dtype)
 
         return get(self.layout, start, stop)
 
-    def _load_range(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
+    def _load_range(self, name: str, start: int, stop: int, cast: str = "float64") -> np.ndarray:
+        """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte
+        (read into ``cast`` instead when the file holds floats of another type)."""
         path = self.directory / name
         with open(path, "rb") as f:
             fmt = np.lib.format
@@ -232,11 +235,13 @@ class NpyDataset:
             shape, fortran, dtype = read_header(f)
             header = f.tell()
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
-            return np.asarray(self._load(name)[start:stop])
+            return with_dtype(np.asarray(self._load(name)[start:stop]), cast)
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         rows = (stop - start,) + tuple(shape[1:])
         if stop == start or row_bytes == 0:
-            return np.empty(rows, dtype=dtype)
+            return with_dtype(np.empty(rows, dtype=dtype), cast)
+        if dtype.kind == "f" and dtype != np.dtype(cast):
+            return _read_as(path, header + start * row_bytes, rows, dtype, np.dtype(cast))
         return np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=header + start * row_bytes, shape=rows))
 
     def _load(self, name: str) -> np.ndarray:
@@ -250,6 +255,25 @@ class NpyDataset:
     def __repr__(self) -> str:
         return f"NpyDataset({str(self.directory)!r}, n_rows={self.n_rows})"
 
+
+
+def _read_as(path: Path, offset: int, shape: tuple, stored: np.dtype, dtype: np.dtype) -> np.ndarray:
+    """The ``shape`` values of ``stored`` type at byte ``offset`` of ``path``, as a new
+    ``dtype`` array: read in chunks of 128 KiB (not mapped, so the stored copy never counts
+    in the process's memory beside the cast one, and a chunk stays within the allowance
+    every worker's plan keeps for what no row count scales)."""
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    per = max(1, (128 << 10) // stored.itemsize)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for a in range(0, flat.size, per):
+            n = min(per, flat.size - a)
+            chunk = np.fromfile(f, dtype=stored, count=n)
+            if chunk.size != n:
+                raise DataError(f"{str(path)!r} ends before its header's {flat.size} values: it is damaged")
+            flat[a:a + n] = chunk
+    return out
 
 
 def _npy_header(f, where: str, size: int) -> tuple[tuple, bool, np.dtype, int]:

@@ -36,10 +36,11 @@ COUPLING_BYTES = 8
 #: A block's row weights (one float64 per root row), charged to the root's kept bytes.
 ROW_WEIGHT_BYTES = 8
 #: What float32 (``optimize(..., dtype="float32")``) does to a leaf's own figures: a leaf
-#: reading floats holds its rows in half the bytes; a family whose kernels always run in
-#: float32 also keeps its blocks and counts its FLOPs at ``Leaf.float32_share`` of float64's
-#: (twice the lanes per instruction). Nodes above the leaves are charged as in float64
-#: (their arrays promote wherever a float64 parameter enters).
+#: reading floats holds its rows in half the bytes; a sibling batch of a family whose
+#: batched kernels always run in float32 also keeps its block and counts its FLOPs at
+#: ``Leaf.float32_share`` of float64's (twice the lanes per instruction). A leaf alone and
+#: the nodes above the leaves are charged as in float64 (their arrays promote wherever a
+#: float64 parameter enters).
 FLOAT32_DATA_SHARE = 0.5
 
 
@@ -174,12 +175,10 @@ def in_dtype(node: "Node", c: NodeCost, dtype: str) -> NodeCost:
     """``node``'s own cost ``c`` in ``dtype`` (see :data:`FLOAT32_DATA_SHARE`)."""
     if dtype == "float64" or not node.is_leaf:
         return c
-    update = {"data_bytes_per_row": c.data_bytes_per_row * FLOAT32_DATA_SHARE} if reads_floats(node) else {}
-    f = getattr(node, "float32_share", 1.0)
-    if f != 1.0:
-        update.update(flops_per_row=c.flops_per_row * f, work_bytes_per_row=c.work_bytes_per_row * f,
-                      scratch_bytes_per_row=c.scratch_bytes_per_row * f)
-    return c.model_copy(update=update) if update else c
+    if not reads_floats(node):
+        return c
+    # a leaf alone (not in a sibling batch) computes in float64 from its float32 rows
+    return c.model_copy(update={"data_bytes_per_row": c.data_bytes_per_row * FLOAT32_DATA_SHARE})
 
 
 def _adds_offsets_in_batch(node: "Node") -> bool:
