@@ -168,7 +168,7 @@ class Cell:
                 warm_up(model.node_at(root))  # its shard's subtrees: the others are not in its model
             self.meter = PeakMeter()  # after the warm-up, before the rows: see executors.memory
             if directory is not None:
-                rows = NpyDataset(directory).open_rows(spec.start, spec.stop, spec.dtype)
+                rows = NpyDataset(directory).open_rows(spec.start, spec.stop)
             self.step = WorkerStep(model, spec, rows, self.meter)
             probe(spec.name)
         self.mailbox = Mailbox()

@@ -198,13 +198,11 @@ class NpyDataset:
 
         return get(self.layout)
 
-    def open_rows(self, start: int, stop: int, dtype: str = "float64") -> Data:
+    def open_rows(self, start: int, stop: int) -> Data:
         """Rows ``start:stop`` of every column, each file mapped over just their bytes (a
         sequence's offsets first, then the values they span), not the whole file sliced: the
         kernel maps file pages around each fault, and for a worker whose rows start mid-file
-        those around its first rows lie outside its range. With ``dtype="float32"`` the float
-        columns are read into float32 arrays instead (:func:`_read_as`), the worker's rows
-        then taking the bytes its plan counts for them."""
+        those around its first rows lie outside its range."""
         if not 0 <= start <= stop <= self.n_rows:
             raise DataError(f"rows {start}:{stop} are outside the dataset's {self.n_rows} rows")
 
@@ -219,14 +217,13 @@ class NpyDataset:
                 lo, hi = int(offsets[0]), int(offsets[-1])
                 return Ragged.unchecked(get(node["values"], lo, hi), offsets - lo)
             if kind == "table":
-                return with_dtype(tables.read_rows(self.directory, node, a, b), dtype)
-            return self._load_range(node["file"], a, b, dtype)
+                return tables.read_rows(self.directory, node, a, b)
+            return self._load_range(node["file"], a, b)
 
         return get(self.layout, start, stop)
 
-    def _load_range(self, name: str, start: int, stop: int, cast: str = "float64") -> np.ndarray:
-        """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte
-        (read into ``cast`` instead when the file holds floats of another type)."""
+    def _load_range(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
         path = self.directory / name
         with open(path, "rb") as f:
             fmt = np.lib.format
@@ -235,13 +232,11 @@ class NpyDataset:
             shape, fortran, dtype = read_header(f)
             header = f.tell()
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
-            return with_dtype(np.asarray(self._load(name)[start:stop]), cast)
+            return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         rows = (stop - start,) + tuple(shape[1:])
         if stop == start or row_bytes == 0:
-            return with_dtype(np.empty(rows, dtype=dtype), cast)
-        if dtype.kind == "f" and dtype != np.dtype(cast):
-            return _read_as(path, header + start * row_bytes, rows, dtype, np.dtype(cast))
+            return np.empty(rows, dtype=dtype)
         return np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=header + start * row_bytes, shape=rows))
 
     def _load(self, name: str) -> np.ndarray:
@@ -255,6 +250,24 @@ class NpyDataset:
     def __repr__(self) -> str:
         return f"NpyDataset({str(self.directory)!r}, n_rows={self.n_rows})"
 
+
+
+def rows_as(data: Data, dtype: str) -> Data:
+    """A worker's rows (its shard's columns) with their floats in ``dtype``: an array mapped
+    whole from a ``.npy`` file (:meth:`NpyDataset.open_rows`) is read from the file into the
+    new type (:func:`_read_as`), so the mapped pages of the stored copy are never touched;
+    others are cast (``models.data.with_dtype``)."""
+    if data is None or dtype == "float64":
+        return data
+    if isinstance(data, tuple):
+        return tuple(rows_as(c, dtype) for c in data)
+    if isinstance(data, Ragged):
+        return Ragged.unchecked(rows_as(data.values, dtype), data.offsets)
+    mapped = data.base
+    if (data.dtype.kind == "f" and data.dtype != np.dtype(dtype) and isinstance(mapped, np.memmap)
+            and mapped.shape == data.shape and mapped.filename is not None):
+        return _read_as(Path(mapped.filename), mapped.offset, data.shape, data.dtype, np.dtype(dtype))
+    return with_dtype(data, dtype)
 
 
 def _read_as(path: Path, offset: int, shape: tuple, stored: np.dtype, dtype: np.dtype) -> np.ndarray:

@@ -67,9 +67,9 @@ class FitJob:
 
     def open_rows(self, start: int, stop: int) -> Data:
         """Rows ``start:stop``: views of the arrays in memory, or just their bytes of the
-        files memory-mapped (:meth:`NpyDataset.open_rows`, floats read as ``dtype``)."""
+        files memory-mapped (:meth:`NpyDataset.open_rows`)."""
         if isinstance(self.data, NpyDataset):
-            return self.data.open_rows(start, stop, self.dtype)
+            return self.data.open_rows(start, stop)
         return take_rows(self.data, start, stop)
 
 

@@ -32,14 +32,14 @@ from typing import NamedTuple
 import numpy as np
 
 from emgrid.models import Node, ShardView, Stats, take_rows
-from emgrid.models.data import with_dtype
-from emgrid.models.data import Data
+from emgrid.models.data import Data, with_dtype
 from emgrid.models.engine import block_rows
 from emgrid.models.stats import StatsAccumulator
 from emgrid.planner.costing import WORKER_BASE_BYTES
 from emgrid.planner.plan import BalancePlan
 
 from . import faults
+from .datafiles import rows_as
 from .memory import PeakMeter, release_free_memory
 
 #: Pickle protocol of every pickled payload (statistics, models; the coupling moves flat arrays, executors.coupling).
@@ -205,7 +205,8 @@ class WorkerStep:
         self.spec = spec
         self.meter = meter if meter is not None else PeakMeter()
         self.faults = faults.from_env(spec.name, spec.index)
-        self.data = spec.view.columns_for(spec.shard, model, replica_data)
+        # its columns only, then their floats in its dtype (read from the files, not mapped)
+        self.data = rows_as(spec.view.columns_for(spec.shard, model, replica_data), spec.dtype)
 
     @classmethod
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
