@@ -151,12 +151,23 @@ class CellGrid:
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)
         self.iteration = 0
         self.pending_bytes = [0] * self.shape[1]  # each head's pickled new subtrees, as its last report said
+        self.infos: list[dict] = [{} for _ in self.cells]  # each cell's Cell.info, once it started
 
     # ------------------------------------------------------------ what a transport supplies
     def who(self, i: int) -> str:
         """Cell ``i`` as a message names it."""
         s = self.cells[i]
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard})"
+        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}{self.where(i)})"
+
+    def where(self, i: int) -> str:
+        """Where cell ``i`` runs, as :meth:`who` says it: its pid and host once it started."""
+        info = self.infos[i]
+        return f", pid {info['pid']} on {info['host']}" if info else ""
+
+    @property
+    def pids(self) -> list[int]:
+        """The cells' pids (grid order), once they started."""
+        return [info.get("pid") for info in self.infos]
 
     def call(self, i: int, method: str, *args):
         """Starts ``Cell.<method>(*args)`` on cell ``i``; returns what :meth:`poll` waits on

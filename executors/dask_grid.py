@@ -111,16 +111,13 @@ class DaskGrid(CellGrid):
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
         self.addresses: list[str] = []
-        self.infos: list[dict] = [{} for _ in self.cells]
         self.calls: dict = {}  # the calls of the round in flight, unanswered when it failed
         self._checked = 0.0
 
     # ------------------------------------------------------------ naming and liveness
-    def who(self, i: int) -> str:
-        s = self.cells[i]
+    def where(self, i: int) -> str:
         pid = self.infos[i].get("pid")
-        at = f"pid {pid} on Dask worker {self.addresses[i]}" if pid else f"Dask worker {self.addresses[i]}"
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, {at})"
+        return f", pid {pid} on Dask worker {self.addresses[i]}" if pid else f", Dask worker {self.addresses[i]}"
 
     def _live_workers(self) -> set[str]:
         return set(self.client.scheduler_info(n_workers=-1)["workers"])
@@ -174,10 +171,6 @@ class DaskGrid(CellGrid):
         where = [(address, f.key) for address, f in zip(self.addresses, self.futures)]
         self.collect({i: self.call(i, "connect", {t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
                       for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
-
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
 
     # ------------------------------------------------------------ calls and answers
     def call(self, i: int, method: str, *args):

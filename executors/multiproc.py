@@ -147,9 +147,8 @@ class ProcessGrid(ConnGrid):
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, pid {self.procs[i].pid})"
+    def where(self, i: int) -> str:
+        return f", pid {self.procs[i].pid}"
 
     def ended(self, i: int) -> str:
         p = self.procs[i]

@@ -127,15 +127,8 @@ class RayGrid(CellGrid):
         super().__init__(job, timeout_s, startup_timeout_s)
         self.directory, self.blas_threads, self.num_cpus = directory, blas_threads, num_cpus
         self.actors: list = []
-        self.infos: list[dict] = [{} for _ in self.cells]
         self._round: dict = {}  # the calls of the round being collected
         self._pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
-
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        info = self.infos[i]
-        at = f", pid {info['pid']} on {info['host']}" if info else ""
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}{at})"
 
     def _options(self, ray) -> list[dict]:
         """Every cell's actor options: its CPUs, its node, no restarts, its threads."""
@@ -173,10 +166,6 @@ class RayGrid(CellGrid):
         d, m = self.shape
         self.collect({i: self.call(i, "connect", {t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
                       for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
-
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
 
     def shared(self, payload):
         """Put in the object store once, for every cell it goes to."""

@@ -71,18 +71,14 @@ class SparkGrid(ConnGrid):
         self.session, self.blas_threads = session, blas_threads
         self.sc = session.sparkContext
         self.conns: list[Connection | None] = [None] * len(self.cells)
-        self.infos: list[dict] = [{} for _ in self.cells]
         self.group = f"emgrid-{uuid.uuid4().hex[:12]}"
         self.error: BaseException | None = None
         self._done_r, self._done_w = None, None
         self._listener: Listener | None = None
         self._stage: threading.Thread | None = None
 
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        info = self.infos[i]
-        at = f", pid {info['pid']} on {info['host']}" if info else ""
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, Spark task {i}{at})"
+    def where(self, i: int) -> str:
+        return f", Spark task {i}{super().where(i)}"
 
     def _rdd(self):
         """The stage's input: one partition per cell (grid order), and what it holds."""
@@ -172,10 +168,6 @@ class SparkGrid(ConnGrid):
                      "which has no emgrid: set PYSPARK_PYTHON to this interpreter before the session starts "
                      f"({sys.executable}), or install emgrid where the executors run")
         return "Spark: " + line
-
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
 
     def sentinel(self, i: int):
         return self._done_r
