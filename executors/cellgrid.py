@@ -27,6 +27,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import ClassVar
 
 from emgrid.models.errors import FitError
 
@@ -313,6 +314,9 @@ class GridExecutor(BaseExecutor):
     than one thread each.
     """
 
+    #: The option its repr shows before the timeout and the threads (None: none).
+    shown_option: ClassVar[str | None] = None
+
     def __init__(self, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
         check_timeouts(timeout_s, startup_timeout_s)
@@ -348,4 +352,5 @@ class GridExecutor(BaseExecutor):
             elastic.close(failed)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"
+        shown = f"{self.shown_option}={getattr(self, self.shown_option)!r}, " if self.shown_option else ""
+        return f"{type(self).__name__}({shown}timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"

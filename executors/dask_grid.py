@@ -266,6 +266,7 @@ class DaskExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "dask"
+    shown_option: ClassVar[str] = "address"
 
     def __init__(self, address=None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  n_workers: int | None = None, blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -314,10 +315,6 @@ class DaskExecutor(GridExecutor):
             own = cluster is not None
             return self.fit_on(lambda j: DaskGrid(client, j, directory, self.timeout_s, self.startup_timeout_s,
                                                   self.blas_threads, own), job)
-
-    def __repr__(self) -> str:
-        return (f"DaskExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["DaskExecutor", "DaskCell", "DaskGrid"]

@@ -223,6 +223,7 @@ class MultiprocessingExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "multiprocessing"
+    shown_option: ClassVar[str] = "start_method"
 
     def __init__(self, start_method: str = "spawn", timeout_s: float | None = None,
                  startup_timeout_s: float = 120.0, tmp_dir: str | None = None,
@@ -251,7 +252,3 @@ class MultiprocessingExecutor(GridExecutor):
         finally:
             if scratch is not None:
                 scratch.close()
-
-    def __repr__(self) -> str:
-        return (f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")

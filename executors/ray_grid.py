@@ -269,6 +269,7 @@ class RayExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "ray"
+    shown_option: ClassVar[str] = "address"
 
     def __init__(self, address: str | None = None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  num_cpus: int | None = None, cell_cpus: float | None = None,
@@ -322,10 +323,6 @@ class RayExecutor(GridExecutor):
         finally:
             if opened:
                 self._disconnect()
-
-    def __repr__(self) -> str:
-        return (f"RayExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["RayExecutor", "RayCell", "RayGrid"]

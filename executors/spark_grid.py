@@ -221,6 +221,7 @@ class SparkExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "spark"
+    shown_option: ClassVar[str] = "master"
 
     def __init__(self, session=None, master: str | None = None, timeout_s: float | None = None,
                  startup_timeout_s: float = 120.0, blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -305,10 +306,6 @@ class SparkExecutor(GridExecutor):
             session = self.spark(job.data)
             return self.fit_on(lambda j: SparkGrid(j, session, self.timeout_s, self.startup_timeout_s,
                                                    self.blas_threads), job)
-
-    def __repr__(self) -> str:
-        return (f"SparkExecutor(master={self.master!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["SparkExecutor", "SparkGrid"]
