@@ -23,15 +23,13 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
-from emgrid.models.regularize import Regularization
-
 from .cell import Cell, PeerLost
 from .cellgrid import CellGrid, Died, Failed, Lost, describe_error, join_raw, split_raw
 from .mstep import tree_role
 
 
-def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]], d: int, control: Connection,
-          regularization: Regularization | None) -> None:
+def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]], d: int,
+          control: Connection) -> None:
     """Builds the cell and its links (``make_cell``: it opens its rows and returns the cell
     and its connections to the cells it sends to, by ``(replica, shard)``), links it and
     serves the coordinator's calls until told to stop; an error goes up the control
@@ -45,10 +43,8 @@ def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]
             if method == "stop":
                 return
             args = join_raw(args, iter(control.recv_bytes, None))
-            if method == "load":
-                cell.load(args[0], regularization)
-            elif method == "update":
-                cell.update(*args)
+            if method in ("load", "update"):  # the calls sent without waiting
+                getattr(cell, method)(*args)
             else:  # the calls the coordinator waits for
                 control.send(("ok", getattr(cell, method)(*args)))
     except PeerLost as e:

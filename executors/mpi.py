@@ -200,7 +200,7 @@ def _when(method: str, args: list, iteration: int) -> str:
     return f"after iteration {iteration}"
 
 
-def serve(link: MpiLink, cell: Cell | None, index: int | None, regularization) -> FitResult:
+def serve(link: MpiLink, cell: Cell | None, index: int | None) -> FitResult:
     """A rank other than the coordinator: do what the coordinator calls until the result
     arrives; a call that raises is answered with its error (the coordinator then sends
     every rank the fit's error, which :meth:`MpiLink.pump` raises)."""
@@ -213,10 +213,8 @@ def serve(link: MpiLink, cell: Cell | None, index: int | None, regularization) -
             return pickle.loads(args[0])
         link.arm(_when(method, args, iteration))
         try:
-            if method == "load":
-                cell.load(args[0], regularization)
-            elif method == "update":
-                cell.update(*args)
+            if method in ("load", "update"):  # the calls sent without waiting
+                getattr(cell, method)(*args)
             else:
                 answer = getattr(cell, method)(*args)
                 link.post(link.coordinator, ("answer", index, answer))
@@ -318,7 +316,7 @@ class MpiExecutor(GridExecutor):
             if me != link.coordinator:
                 if cell is not None:
                     link.post(link.coordinator, ("answer", index[me], None))  # its rows are open
-                return serve(link, cell, index.get(me), job.regularization)
+                return serve(link, cell, index.get(me))
             link.disarm()
             grid = MpiGrid(job, link, ranks, cell, self.timeout_s, self.startup_timeout_s)
             grid.start()

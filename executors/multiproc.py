@@ -45,7 +45,6 @@ from typing import ClassVar
 
 from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError
-from emgrid.models.regularize import Regularization
 
 from .cell import Cell
 from .cellgrid import GridExecutor
@@ -59,8 +58,7 @@ from .step import WorkerSpec
 from .threads import DEFAULT_BLAS_THREADS, environment, limited, thread_env
 
 def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
-                 links: dict[tuple[int, int], Connection], regularization: Regularization | None = None,
-                 blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
+                 links: dict[tuple[int, int], Connection], blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
     """A worker process: its :class:`executors.cell.Cell` over pipes, serving the parent's
     calls until told to stop. ``d``: the replicas of the grid; ``links``: by ``(replica,
     shard)``, the pipes to the cells it sends to (:meth:`Cell.targets`). It dies with the
@@ -73,7 +71,7 @@ def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control:
         return Cell(spec, model, directory, None), links
 
     with limited(blas_threads):
-        serve(make_cell, d, control, regularization)
+        serve(make_cell, d, control)
 
 
 @contextmanager
@@ -131,7 +129,7 @@ class ProcessGrid(ConnGrid):
                 cell = (spec.replica, spec.shard)
                 p = self.context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
                                          args=(spec, d, self.directory, spec.view.model_for(spec.shard, job.model),
-                                               child, ends[cell], job.regularization, self.blas_threads))
+                                               child, ends[cell], self.blas_threads))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)

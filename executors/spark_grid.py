@@ -103,7 +103,7 @@ class SparkGrid(ConnGrid):
         parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
         rdd, source, reader, directory = self._rdd()
         task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
-                          job.regularization, self.blas_threads, forwarded_env())
+                          self.blas_threads, forwarded_env())
         stage = rdd.barrier().mapPartitions(task)
 
         def run_stage():

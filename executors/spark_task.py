@@ -32,9 +32,7 @@ def no_delay(conn: Connection) -> Connection:
     return conn
 
 
-
-def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory,
-               regularization, blas_threads, env):
+def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory, blas_threads, env):
     """The barrier task of every cell (its index the task's partition): ``source`` says what
     its partition holds, ``"frame"`` a DataFrame's ``(first, blob)`` blocks, ``"rows"`` its
     rows, ``"directory"`` nothing (it maps its rows from ``directory``). Its shard's part of
@@ -65,7 +63,7 @@ def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, read
             cell = Cell(spec, part, directory if source == "directory" else None, rows, blas_threads, env)
             return cell, _link(ctx, i, spec, d, m, host, authkey)
 
-        serve(make_cell, d, control, regularization)
+        serve(make_cell, d, control)
         control.close()
         return iter(())
 
