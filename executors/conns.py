@@ -104,6 +104,15 @@ class ConnGrid(CellGrid):
         sentinel), or None."""
         return None
 
+    def ask_to_stop(self) -> None:
+        """Tells every cell still connected to stop (it returns from :func:`serve`)."""
+        for c in self.conns:
+            if c is not None:
+                try:
+                    c.send(("stop", None))
+                except OSError:
+                    pass  # the worker is gone already
+
     def call(self, i: int, method: str, *args) -> None:
         marked, bodies = split_raw(args)
         try:

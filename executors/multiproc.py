@@ -171,11 +171,7 @@ class ProcessGrid(ConnGrid):
         stuck waiting on a dead peer or hung: they are terminated at once.
         """
         if not failed:
-            for c in self.conns:
-                try:
-                    c.send(("stop", None))
-                except OSError:
-                    pass
+            self.ask_to_stop()
             deadline = perf_counter() + 5.0
             for p in self.procs:
                 p.join(max(0.0, deadline - perf_counter()))

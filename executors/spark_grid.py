@@ -184,12 +184,7 @@ class SparkGrid(ConnGrid):
         """Asks every task to stop and waits for the stage to end; cancels it when it does
         not end within :data:`STOP_GRACE_S` (or at once after a failure)."""
         if not failed:
-            for c in self.conns:
-                if c is not None:
-                    try:
-                        c.send(("stop", None))
-                    except OSError:
-                        pass
+            self.ask_to_stop()
         if self._stage is not None:
             self._stage.join(0.0 if failed else STOP_GRACE_S)
             if self._stage.is_alive():
