@@ -114,11 +114,6 @@ class RayCell(Cell):
                         replicas)
 
 
-def _cause(e: BaseException) -> BaseException:
-    """The cell's own exception inside a Ray task error."""
-    return getattr(e, "cause", None) or e
-
-
 class RayGrid(CellGrid):
     """The coordinator's side: one actor per cell, in the Ray cluster this process is connected to."""
 
@@ -201,7 +196,7 @@ class RayGrid(CellGrid):
                 else:
                     out.append((i, Died("died", f"Ray: {type(e).__name__}", f"Ray's report:\n{report.rstrip()}")))
             except (RayTaskError, GetTimeoutError, RayError) as e:
-                summary, _ = describe_error(_cause(e))
+                summary, _ = describe_error(getattr(e, "cause", None) or e)  # the cell's own, inside Ray's
                 out.append((i, Failed(summary, str(e))))
         return out
 

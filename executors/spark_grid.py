@@ -36,6 +36,7 @@ import pickle
 import sys
 import threading
 import uuid
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection, Listener
 from time import perf_counter
 from typing import ClassVar
@@ -99,7 +100,7 @@ class SparkGrid(ConnGrid):
         authkey = os.urandom(32)
         host = "127.0.0.1" if is_local(self.sc) else self.sc.getConf().get("spark.driver.host")
         self._listener = Listener((host, 0), authkey=authkey)
-        self._done_r, self._done_w = _pipe()
+        self._done_r, self._done_w = Pipe(duplex=False)
         parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
         rdd, source, reader, directory = self._rdd()
         task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
@@ -198,12 +199,6 @@ class SparkGrid(ConnGrid):
         for end in (self._done_r, self._done_w):
             if end is not None:
                 end.close()
-
-
-def _pipe():
-    from multiprocessing import Pipe
-
-    return Pipe(duplex=False)
 
 
 class SparkExecutor(GridExecutor):

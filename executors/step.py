@@ -66,10 +66,6 @@ class WorkerSpec:
         return self.stop - self.start
 
     @property
-    def leaves(self) -> tuple[str, ...]:
-        return self.view.leaves_of(self.shard)
-
-    @property
     def roots(self) -> tuple[str, ...]:
         """The shard roots this worker evaluates, in pre-order; ``("",)`` when the tree is whole here."""
         return self.view.roots_of(self.shard)
@@ -208,12 +204,6 @@ class WorkerStep:
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
         """From the whole dataset: slices the worker's rows first (views, nothing read)."""
         return cls(model, spec, take_rows(data, spec.start, spec.stop), meter)
-
-    def exchanges_per_pass(self) -> int:
-        """How many times :meth:`passes` yields (the same on every shard of a replica)."""
-        if not (self.spec.active and self.spec.exchanges):
-            return 0
-        return math.ceil(self.spec.rows / self.spec.block_rows)
 
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its shard roots' log densities per block.
