@@ -226,11 +226,7 @@ class NpyDataset:
         """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
         path = self.directory / name
         with open(path, "rb") as f:
-            fmt = np.lib.format
-            version = fmt.read_magic(f)
-            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, fortran, dtype = read_header(f)
-            header = f.tell()
+            shape, fortran, dtype, header = _npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
             return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))

@@ -19,7 +19,7 @@ from .loop import GridOutcome, run_em
 from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .mstep import ShardPart, report_payload, tree_sum
+from .mstep import ShardPart, report_payload, tree_sum, update_bytes
 from .step import WorkerStep, grid_layout, run_replica_lockstep
 from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
 
@@ -81,14 +81,11 @@ class LocalGrid:
 
     def update(self, skeleton: Node, payload: bytes) -> int:
         d = len(self.layout)
-        sent = 0
+        # one replica: the head's new subtrees go to no other worker (not pickled to be counted)
+        pending = [len(p.pending_payload()) if d > 1 and p.view.evaluates(p.shard) else 0 for p in self.parts]
         for part in self.parts:
-            if part.view.evaluates(part.shard):
-                sent += d * len(payload)
-                if d > 1:  # one replica: the head's new subtrees go to no other worker
-                    sent += (d - 1) * len(part.pending_payload())
             part.apply(skeleton)
-        return sent
+        return update_bytes(self.view, d, len(payload), pending)
 
     def fetch(self, shard: int) -> dict[str, Node]:
         return self.parts[shard].owned()

@@ -65,7 +65,7 @@ from emgrid.planner.resources import Resources
 
 from .cell import Cell
 from .cellgrid import RAW, CellGrid, Failed, GridExecutor, describe_error, join_raw, split_raw
-from .loop import fits_here, run_em
+from .loop import fits_here, param_bytes, run_em
 from .memory import map_large_blocks
 from .mpi_link import (ABORT_STATUS, Deadline, Interrupted, MpiLink, NoAnswer, PeerDied, abort_job, no_answer,
                        release_shared_memory_files, this_host)
@@ -233,7 +233,7 @@ def room_for_the_result(job: FitJob) -> bool:
     rank, so it must fit where the coordinator runs (:func:`executors.loop.fits_here`) and, on
     every worker whose memory the plan knows, in what the plan leaves free there (twice: the
     pickle and the model)."""
-    need = 2 * sum(a.nbytes for _, node in job.model.nodes() for a in node.params().values())
+    need = 2 * param_bytes(job.model)
     room = all(w.memory_limit is None or w.memory_limit - w.memory_bytes >= need for w in job.plan.per_worker)
     return room and fits_here(job.model)
 
