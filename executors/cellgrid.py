@@ -36,7 +36,7 @@ from .mstep import ColumnReport, update_bytes
 from .protocol import BaseExecutor, FitJob, check_timeouts
 from .result import FitResult
 from .step import ShareReport, grid_layout
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
+from .threads import DEFAULT_BLAS_THREADS
 
 #: Seconds the coordinator keeps listening, after a cell reports that it lost a peer, for the
 #: peer's own error report or death (the cause, which it names instead).
@@ -322,16 +322,9 @@ class GridExecutor(BaseExecutor):
         check_timeouts(timeout_s, startup_timeout_s)
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.blas_threads = check_blas_threads(blas_threads)
+        super().__init__(blas_threads)
         #: pids of the cells (grid order), while a fit runs.
         self.worker_pids: list[int] = []
-
-    def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            return self._run(job)
-
-    def _run(self, job: FitJob) -> FitResult:
-        raise NotImplementedError
 
     def fit_on(self, make_grid: Callable[[FitJob], CellGrid], job: FitJob) -> FitResult:
         """Runs the EM loop on the grid ``make_grid(job)`` makes (its cells started here),

@@ -21,7 +21,7 @@ from .protocol import BaseExecutor, FitJob
 from .result import FitResult
 from .mstep import ShardPart, report_payload, tree_sum, update_bytes
 from .step import WorkerStep, grid_layout, run_replica_lockstep
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
+from .threads import DEFAULT_BLAS_THREADS, probe
 
 
 class _LastReading:
@@ -101,11 +101,7 @@ class LocalExecutor(BaseExecutor):
     name: ClassVar[str] = "local"
 
     def __init__(self, blas_threads: int | None = DEFAULT_BLAS_THREADS):
-        self.blas_threads = check_blas_threads(blas_threads)
+        super().__init__(blas_threads)  # its own, so that an unknown option names LocalExecutor
 
-    def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            return run_em(LocalGrid(job), job, self.name)
-
-    def __repr__(self) -> str:
-        return f"LocalExecutor(blas_threads={self.blas_threads!r})"
+    def _run(self, job: FitJob) -> FitResult:
+        return run_em(LocalGrid(job), job, self.name)
