@@ -1,23 +1,11 @@
 """The Dask executor: every grid cell a long-lived Dask actor (``client.submit(..., actor=True)``).
 
-How bytes move:
-
-- **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
-  ``.npy`` files (a dataset on disk, on a file system the workers share), or receives its
-  replica's rows, only its shard's columns, scattered once to its worker (data in memory).
-- **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, :meth:`executors.cell.Cell.load`); per iteration, the coordinator's new
-  skeleton (the spanning nodes) goes to every cell and each column's head pushes its
-  shard's new subtrees to the other cells of its column.
-- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
-  reduce, pushing their pickled partial sums to each other's actors; the column's head
-  (replica 0) runs its shard's M-step and the coordinator receives only its pickled
-  :class:`executors.mstep.ColumnReport`, beside every cell's
-  :class:`executors.step.ShareReport`.
-- **Coupling**, per block: each cell calls ``deliver`` on the actors of the other shards of its
-  replica (worker to worker, on the workers' event loops) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`); the
-  column messages travel the same way.
+What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
+row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the workers
+share), or receives its replica's rows, only its shard's columns, scattered once to its
+worker (data in memory); the coordinator's calls are actor calls; a cell's messages to its
+peers (coupling, partial sums, new subtrees) are calls to ``deliver`` on their actors, worker
+to worker on the workers' event loops.
 
 Cells are placed on the workers the plan names when it was made for this cluster
 (``Resources.from_dask(client)``, whose worker names are the cluster's slots); otherwise in

@@ -18,12 +18,10 @@ coordinator (whose own cell stops waiting when a failure arrives) raises the Fit
 the rank, its worker and the iteration, and sends it to every rank, which raise it too
 (ranks waiting for the failed one's messages among them). A rank that dies outright (killed,
 ``os._exit``) is torn down with the whole job by the process manager (``mpiexec``/hydra
-reports the dead process and exits non-zero): an MPI job cannot outlive a member. As the
-process manager does not always notice, a rank waiting also looks, every half second, at
-the processes of the other ranks on its host (:mod:`executors.mpi_link`); when one ended it
-raises ``FitError("worker ... died in iteration I")`` and aborts the job (``MPI_Abort`` with
-:data:`ABORT_STATUS`) when its process exits. A rank on another host is not looked at: its
-death ends the job by the process manager, or by ``timeout_s``.
+reports the dead process and exits non-zero): an MPI job cannot outlive a member. Where the
+process manager does not notice, a waiting rank on the same host does
+(:mod:`executors.mpi_link`, "Dead peers"); a rank on another host, the process manager or
+``timeout_s``.
 
 Stopping. A callback that raises KeyboardInterrupt on the coordinator (``emgrid fit`` does
 when its launcher was interrupted) stops the fit between iterations: the coordinator tells
@@ -31,22 +29,17 @@ every rank to stop, and every rank raises KeyboardInterrupt, with nothing aborte
 KeyboardInterrupt in the middle of an iteration aborts the job (the others would wait).
 
 Timeouts. With ``timeout_s`` (as the multiprocessing executor's: the longest one iteration may
-take; ``None``, the default, waits forever in blocking probes) every wait is polled against a
-deadline: the coordinator's is ``timeout_s`` from its call, and it names the ranks that neither
-answered nor wait for another (it asks them); the other ranks' is ``2 * timeout_s + 2 s`` from
-the coordinator's call, so that they name the coordinator only when it hangs. The rank that
-names a hung rank raises ``FitError("no answer within T s in iteration I from worker ...")``,
-sends the same error to every rank that answered, which raise it too, and aborts the job
-(``MPI_Abort`` with :data:`ABORT_STATUS`) when its process exits, after the caller has handled
-the error (written a checkpoint, say): the hung rank could not be stopped otherwise.
+take; ``None``, the default, waits forever) the coordinator names the ranks that neither
+answered within ``timeout_s`` of its call nor wait for another, and the other ranks wait
+longer, so that they name the coordinator only when it hangs (:mod:`executors.mpi_link`,
+"Deadlines"). The rank that names a hung rank tells every rank that answered, which raise the
+same error, and aborts the job (``MPI_Abort`` with :data:`ABORT_STATUS`) when its process
+exits, after the caller has handled the error (written a checkpoint, say): the hung rank could
+not be stopped otherwise.
 
-Shared memory. Once every rank has started, each unlinks the ``/dev/shm/mpich_shm_*`` files
-it maps (:func:`release_shared_memory_files`): the mappings stay, and a job that ends
-abnormally leaves nothing in ``/dev/shm``.
-
-Threads. Every rank runs the fit with its BLAS and OpenMP pools at ``blas_threads`` threads
-(one by default; :mod:`executors.threads`) and restores its own setting after: ranks on one
-machine each running a pool per core are many times slower than one thread each.
+Once every rank has started, each unlinks the ``/dev/shm/mpich_shm_*`` files it maps
+(:func:`release_shared_memory_files`), and every rank runs the fit with ``blas_threads``
+BLAS and OpenMP threads (:mod:`executors.threads`).
 """
 
 from __future__ import annotations

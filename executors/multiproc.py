@@ -1,22 +1,15 @@
 """The multiprocessing executor: one worker process per grid cell on this machine.
 
-Each worker runs one :class:`executors.cell.Cell` (the protocol every transport shares) over
-pipes, and the parent is a :class:`executors.cellgrid.CellGrid` (the EM loop's side and the
-fault rule); only how bytes move is this module's:
-
-- the parent's calls go down one control pipe per worker, in order (so the model and the
-  updates are sent without waiting), and their answers come back up it;
-- the cells exchange their messages (coupling, partial sums, a head's new subtrees) over
-  one pipe per pair of cells that meet (the shards of a replica, the replicas of a
-  column), served as every connection-linked cell is (:mod:`executors.conn_cell`).
+Each worker runs one :class:`executors.cell.Cell` served over pipes (:mod:`executors.conns`):
+a control pipe from the parent, and one pipe per pair of cells that meet (the shards of a
+replica, the replicas of a column).
 
 Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
 run-tagged scratch folder when the caller gave arrays, :class:`executors.scratch.Scratch`,
 removed however the fit ends) that every worker maps for its own row range only.
 
 Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS and OpenMP limited
-to ``blas_threads`` threads (one by default, :mod:`executors.threads`): processes each
-running several BLAS threads on the same cores are many times slower than one thread each.
+to ``blas_threads`` threads (one by default, :mod:`executors.threads`).
 
 A worker's target and arguments are emgrid's own, so it needs nothing from the caller's
 ``__main__``, which is hidden from spawn's preparation while workers start
@@ -27,9 +20,8 @@ import the script (to unpickle it), which then needs the guard.
 A SIGTERM to the parent while it runs a fit (with the default action in place) unwinds it:
 the workers stop and the temporary copy of the data goes, then the process exits 143.
 
-A worker that raises or dies stops the fit with a FitError naming it and the iteration
-(the parent watches every worker's sentinel, and never blocks on a dead one); the workers
-that lose their pipes to it report that they did, which only points the parent at it.
+A worker's death is noticed by its process's sentinel (the parent never blocks on a dead
+one); the fault rule is :mod:`executors.cellgrid`'s.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """The Ray executor: every grid cell a long-lived Ray actor (a process of its own).
 
-How bytes move:
-
-- **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
-  ``.npy`` files (a dataset on disk, on a file system the nodes share), or receives its
-  replica's rows, only its shard's columns, as an argument of its constructor (Ray puts them
-  in its object store once; data in memory).
-- **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, put in the object store once per shard; :meth:`executors.cell.Cell.load`);
-  per iteration, the coordinator's new skeleton (the spanning nodes) goes to every cell and
-  each column's head pushes its shard's new subtrees to the other cells of its column.
-- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
-  reduce, pushing their pickled partial sums to each other (``deliver.remote``); the
-  column's head (replica 0) runs its shard's M-step and the coordinator receives only its
-  pickled :class:`executors.mstep.ColumnReport`, beside every cell's
-  :class:`executors.step.ShareReport`.
-- **Coupling**, per block: each cell calls ``deliver.remote`` on the actors of the other
-  shards of its replica (actor to actor, the coordinator not involved) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`). A cell is
-  a threaded actor, so deliveries run while its step waits.
+What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
+row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the nodes
+share), or receives its replica's rows, only its shard's columns, as an argument of its
+constructor (Ray puts them in its object store once; data in memory); a shard's part of the
+model and each skeleton are put in the object store once for every cell; a cell's messages
+to its peers (coupling, partial sums, new subtrees) are ``deliver.remote`` calls on their
+actors, the coordinator not involved. A cell is a threaded actor, so deliveries run while its
+step waits.
 
 Cells are placed on the nodes the plan names when it was made for this cluster
 (``Resources.from_ray()``, whose worker names are the cluster's CPUs), otherwise where Ray
