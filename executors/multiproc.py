@@ -47,7 +47,7 @@ from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch, set_parent_death_signal
 from .step import WorkerSpec
-from .threads import DEFAULT_BLAS_THREADS, environment, limited, thread_env
+from .threads import DEFAULT_BLAS_THREADS, environment, limited, patched, thread_env
 
 def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
                  links: dict[tuple[int, int], Connection], blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
@@ -80,18 +80,8 @@ def _main_hidden(model: Node):
     if main is None or any(type(node).__module__ == "__main__" for _, node in model.nodes()):
         yield
         return
-    missing = object()
-    saved = {k: main.__dict__.get(k, missing) for k in ("__file__", "__spec__")}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
+    with patched(main.__dict__, {"__file__": None, "__spec__": None}):  # spawn reads None as absent
         yield
-    finally:
-        for k, v in saved.items():
-            if v is missing:
-                main.__dict__.pop(k, None)
-            else:
-                main.__dict__[k] = v
 
 
 class ProcessGrid(ConnGrid):
