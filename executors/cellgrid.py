@@ -109,13 +109,6 @@ def describe_error(e: BaseException) -> tuple[str, str]:
     return summary, "".join(traceback.format_exception(type(e), e, e.__traceback__))
 
 
-def failed(who: str, when: str, summary: str, trace: str) -> FitError:
-    """The FitError of a cell whose call raised."""
-    err = FitError(f"{who} failed {when}: {summary}")
-    err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
-    return err
-
-
 def outcome(got: Sequence[tuple[ShareReport, bytes | None, int]], shape: tuple[int, int],
             wall_s: float) -> GridOutcome:
     """The grid's E-step and its columns' M-steps from every cell's report and every head's
@@ -233,7 +226,9 @@ class CellGrid:
             for i, answer in self.poll(pending, min(waits), when):
                 del pending[i]
                 if isinstance(answer, Failed):
-                    raise failed(self.who(i), when, answer.summary, answer.trace)
+                    err = FitError(f"{self.who(i)} failed {when}: {answer.summary}")
+                    err.add_note(f"the worker's traceback:\n{answer.trace.rstrip()}")
+                    raise err
                 if isinstance(answer, Died):
                     detail = f" ({answer.detail})" if answer.detail else ""
                     err = WorkerLost(f"{self.who(i)} {answer.how} {when}{detail}", i, self.cells[i].name)

@@ -293,7 +293,9 @@ def run_replica_lockstep(steps: Sequence[WorkerStep], models: Sequence[Node], it
         if not yielded:
             break
         t0 = perf_counter()
-        every = merge_exchange(yielded[i] for i in sorted(yielded))
+        every: dict[str, np.ndarray] = {}  # every shard root's log density (the shards' keys are disjoint)
+        for i in sorted(yielded):
+            every.update(yielded[i])
         dt = (perf_counter() - t0) / len(yielded)
         for i in yielded:
             sends[i] = every
@@ -302,14 +304,6 @@ def run_replica_lockstep(steps: Sequence[WorkerStep], models: Sequence[Node], it
     for share, c in zip(shares, coupling):
         share.coupling_s = c
     return shares
-
-
-def merge_exchange(parts) -> dict[str, np.ndarray]:
-    """Every shard root's log density from the shards' parts (their keys are disjoint)."""
-    every: dict[str, np.ndarray] = {}
-    for part in parts:
-        every.update(part)
-    return every
 
 
 def sum_in_order(values):
