@@ -36,6 +36,7 @@ import pickle
 import sys
 import threading
 import uuid
+from contextlib import contextmanager
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, Listener
 from time import perf_counter
@@ -226,23 +227,18 @@ class SparkExecutor(GridExecutor):
         self._own = None  # the session started here, while it runs
         self._users = 0
 
+    @contextmanager
     def opened(self):
         """A context in which :meth:`spark` is a running session: one started here ends
         with the outermost such context."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def held():
-            self._users += 1
-            try:
-                yield self
-            finally:
-                self._users -= 1
-                if self._users == 0 and self._own is not None:
-                    own, self._own = self._own, None
-                    stop_session(own)
-
-        return held()
+        self._users += 1
+        try:
+            yield self
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._own is not None:
+                own, self._own = self._own, None
+                stop_session(own)
 
     def spark(self, data=None):
         """The session to run on: the executor's, the DataFrame ``data``'s, the one this
