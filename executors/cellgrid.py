@@ -304,9 +304,8 @@ class GridExecutor(BaseExecutor):
     naming the cells that did not answer (``None``: no limit; deaths are noticed regardless,
     as each engine can). ``startup_timeout_s``: the longest the cells may take to start and
     open their rows. ``blas_threads``: BLAS and OpenMP threads in each cell's process, and in
-    the coordinator's, while the fit runs (default 1; ``None`` leaves them as they are):
-    processes each running several BLAS threads on the same cores are many times slower
-    than one thread each.
+    the coordinator's, while the fit runs (default 1; ``None`` leaves them as they are;
+    :mod:`executors.threads` says why).
     """
 
     #: The option its repr shows before the timeout and the threads (None: none).

@@ -16,19 +16,16 @@ Faults: a cell that raises stops the fit with a FitError naming it and the itera
 cell whose worker dies is noticed within about half a second (its actor's future is lost, or
 the scheduler no longer lists the worker); with ``timeout_s``, one that does not answer in
 time is named. Every cell is aborted and released after the fit, however it ended; a cell
-still running then (a hung step) has its worker restarted (``client.restart_workers``),
-the only way to stop a Python thread. A cluster the executor started (``address=None``) is
-closed after the fit.
+still running then (a hung step) has its worker process ended (its nanny starts a new one),
+the only way to stop a Python thread.
 
-A cluster the executor starts (:func:`local_cluster`) binds its scheduler, workers and their
-HTTP endpoints to 127.0.0.1, with the dashboard off; its worker folders go in a run-tagged
-scratch folder (:class:`executors.scratch.Scratch`) that goes after the fit, however it
-ends (its workers end with this process: they watch a pipe from it). Its workers ignore
-SIGINT (a terminal's Ctrl-C reaches every process of the foreground group: the fit's own
-process stops them, after emgrid's line rather than under 60 lines of their tracebacks), and
-they and this process keep distributed's and tornado's loggers quiet while the fit runs: a
-cell's error reaches the fit's own message (:class:`executors.models.errors.FitError`), not
-distributed's log first. A cluster named by ``address`` is used as it is.
+A cluster the executor starts (``address=None``, :func:`local_cluster`) listens on 127.0.0.1
+only, with no dashboard, keeps its worker folders in a run-tagged scratch folder
+(:class:`executors.scratch.Scratch`), ends with this process, and is closed after the fit;
+its workers ignore SIGINT (a terminal's Ctrl-C reaches them too: emgrid's one line comes
+first, not 60 lines of their tracebacks), and they and this process keep distributed's and
+tornado's loggers quiet while the fit runs (:func:`executors.dask_cells.dask_setup`). A
+cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations

@@ -20,13 +20,11 @@ that does not answer in time is named. Every cell is killed (``ray.kill``) after
 however it ended. A Ray instance the executor started (``address=None`` and no Ray running in
 this process) is shut down after the fit.
 
-Addresses and scratch of a Ray instance the executor starts: every process of it (the
-driver's core worker, the GCS, the raylet and its object manager, the agents, every actor)
-listens on 127.0.0.1 only and the dashboard is off (:func:`start_local`); Ray's
-``session_*`` folder goes in a run-tagged scratch folder (:class:`executors.scratch.Scratch`)
-whose warden, when this process ends however it ends, kills what is left of the instance
-(after a ``kill -9`` of the driver, Ray's two agents would otherwise wait a minute on the
-dead GCS) and removes the folder. A cluster named by ``address`` is used as it is.
+Every process of a Ray instance the executor starts listens on 127.0.0.1 only, with no
+dashboard (:func:`start_local`); its ``session_*`` folder goes in a run-tagged scratch folder
+whose warden kills what is left of the instance when this process ends, however it ends
+(Ray's agents would otherwise wait a minute on a dead GCS; :class:`executors.scratch.Scratch`).
+A cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations
