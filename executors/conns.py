@@ -146,19 +146,14 @@ class ConnGrid(CellGrid):
         reports after the partial sums of its subtree of the column's reduce
         (:func:`executors.mstep.tree_rounds`), so one with a late cell below it waits."""
         d, m = self.shape
-        below = {r: set(tree_role(r, d)[0]) for r in range(d)}
-        changed = True
-        while changed:  # each replica's whole subtree
-            changed = False
-            for r in range(d):
-                deeper = set().union(*(below[c] for c in below[r])) - below[r]
-                if deeper:
-                    below[r] |= deeper
-                    changed = True
+
+        def below(r: int) -> set[int]:  # replica r's whole subtree
+            return set().union(*({s} | below(s) for s in tree_role(r, d)[0]))
+
         late = set(cells)
         out = {}
         for i in cells:
-            waited = sorted(r for r in below[i // m] if r * m + i % m in late)
+            waited = sorted(r for r in below(i // m) if r * m + i % m in late)
             if waited:
                 out[i] = f"waits for the partial sums of its column's replica(s) {waited}"
         return out
