@@ -1,9 +1,6 @@
-"""The Spark task of one grid cell (the worker side of :mod:`executors.spark_grid`).
-
-Each task of the barrier stage connects to the driver (its control connection, on which its
-shard's part of the starting model arrives), listens on a socket of its own, exchanges the
-tasks' addresses with ``BarrierTaskContext.allGather``, connects to the cells it meets, and
-is then served as every connection-linked cell is (:func:`executors.conns.serve`).
+"""The Spark task of one grid cell: the worker side of :mod:`executors.spark_grid` (whose
+docstring says how the tasks and the driver connect), served as every connection-linked cell
+is (:func:`executors.conns.serve`).
 """
 
 from __future__ import annotations
