@@ -107,13 +107,13 @@ class DaskGrid(CellGrid):
     def _live_workers(self) -> set[str]:
         return set(self.client.scheduler_info(n_workers=-1)["workers"])
 
-    def _check_alive(self, when: str, force: bool = False) -> None:
+    def _check_alive(self, when: str) -> None:
         """Raises FitError naming the first cell whose actor or worker is gone."""
         for i, f in enumerate(self.futures):
             if f.status in ("lost", "cancelled"):
                 raise WorkerLost(f"{self.who(i)} died {when} (its actor was lost)", i, self.cells[i].name)
         now = perf_counter()
-        if force or now - self._checked >= _LIVENESS_S:
+        if now - self._checked >= _LIVENESS_S:
             self._checked = now
             live = self._live_workers()
             for i, a in enumerate(self.addresses):
