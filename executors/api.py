@@ -110,8 +110,7 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         raise ConfigError(f"executor must be a name or an Executor, got {type(executor).__name__}")
     if not isinstance(model, Node):
         raise ConfigError(f"model must be a model node (see models.from_spec), got {type(model).__name__}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ConfigError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    _check_count(max_iter, "max_iter", 1)
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
         raise ConfigError(f"tol must be a number >= 0, got {tol!r}")
     _check_count(n_init, "n_init", 1)

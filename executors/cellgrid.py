@@ -27,6 +27,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import ClassVar
 
 from emgrid.models.errors import FitError
 
@@ -35,7 +36,7 @@ from .mstep import ColumnReport, update_bytes
 from .protocol import BaseExecutor, FitJob, check_timeouts
 from .result import FitResult
 from .step import ShareReport, grid_layout
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
+from .threads import DEFAULT_BLAS_THREADS
 
 #: Seconds the coordinator keeps listening, after a cell reports that it lost a peer, for the
 #: peer's own error report or death (the cause, which it names instead).
@@ -108,13 +109,6 @@ def describe_error(e: BaseException) -> tuple[str, str]:
     return summary, "".join(traceback.format_exception(type(e), e, e.__traceback__))
 
 
-def failed(who: str, when: str, summary: str, trace: str) -> FitError:
-    """The FitError of a cell whose call raised."""
-    err = FitError(f"{who} failed {when}: {summary}")
-    err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
-    return err
-
-
 def outcome(got: Sequence[tuple[ShareReport, bytes | None, int]], shape: tuple[int, int],
             wall_s: float) -> GridOutcome:
     """The grid's E-step and its columns' M-steps from every cell's report and every head's
@@ -154,12 +148,23 @@ class CellGrid:
         self.iteration = 0
         self.pending_bytes = [0] * self.shape[1]  # each head's pickled new subtrees, as its last report said
         self.deferred: tuple[int, object] | None = None  # an update not yet sent: (iteration, shared skeleton)
+        self.infos: list[dict] = [{} for _ in self.cells]  # each cell's Cell.info, once it started
 
     # ------------------------------------------------------------ what a transport supplies
     def who(self, i: int) -> str:
         """Cell ``i`` as a message names it."""
         s = self.cells[i]
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard})"
+        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}{self.where(i)})"
+
+    def where(self, i: int) -> str:
+        """Where cell ``i`` runs, as :meth:`who` says it: its pid and host once it started."""
+        info = self.infos[i]
+        return f", pid {info['pid']} on {info['host']}" if info else ""
+
+    @property
+    def pids(self) -> list[int]:
+        """The cells' pids (grid order), once they started."""
+        return [info.get("pid") for info in self.infos]
 
     def call(self, i: int, method: str, *args):
         """Starts ``Cell.<method>(*args)`` on cell ``i``; returns what :meth:`poll` waits on
@@ -224,7 +229,9 @@ class CellGrid:
             for i, answer in self.poll(pending, min(waits), when):
                 del pending[i]
                 if isinstance(answer, Failed):
-                    raise failed(self.who(i), when, answer.summary, answer.trace)
+                    err = FitError(f"{self.who(i)} failed {when}: {answer.summary}")
+                    err.add_note(f"the worker's traceback:\n{answer.trace.rstrip()}")
+                    raise err
                 if isinstance(answer, Died):
                     detail = f" ({answer.detail})" if answer.detail else ""
                     err = WorkerLost(f"{self.who(i)} {answer.how} {when}{detail}", i, self.cells[i].name)
@@ -315,26 +322,21 @@ class GridExecutor(BaseExecutor):
     naming the cells that did not answer (``None``: no limit; deaths are noticed regardless,
     as each engine can). ``startup_timeout_s``: the longest the cells may take to start and
     open their rows. ``blas_threads``: BLAS and OpenMP threads in each cell's process, and in
-    the coordinator's, while the fit runs (default 1; ``None`` leaves them as they are):
-    processes each running several BLAS threads on the same cores are many times slower
-    than one thread each.
+    the coordinator's, while the fit runs (default 1; ``None`` leaves them as they are;
+    :mod:`executors.threads` says why).
     """
+
+    #: The option its repr shows before the timeout and the threads (None: none).
+    shown_option: ClassVar[str | None] = None
 
     def __init__(self, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  blas_threads: int | None = DEFAULT_BLAS_THREADS):
         check_timeouts(timeout_s, startup_timeout_s)
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.blas_threads = check_blas_threads(blas_threads)
+        super().__init__(blas_threads)
         #: pids of the cells (grid order), while a fit runs.
         self.worker_pids: list[int] = []
-
-    def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            return self._run(job)
-
-    def _run(self, job: FitJob) -> FitResult:
-        raise NotImplementedError
 
     def fit_on(self, make_grid: Callable[[FitJob], CellGrid], job: FitJob) -> FitResult:
         """Runs the EM loop on the grid ``make_grid(job)`` makes (its cells started here),
@@ -355,4 +357,5 @@ class GridExecutor(BaseExecutor):
             elastic.close(failed)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"
+        shown = f"{self.shown_option}={getattr(self, self.shown_option)!r}, " if self.shown_option else ""
+        return f"{type(self).__name__}({shown}timeout_s={self.timeout_s!r}, blas_threads={self.blas_threads!r})"

@@ -23,15 +23,13 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
-from emgrid.models.regularize import Regularization
-
 from .cell import Cell, PeerLost
 from .cellgrid import CellGrid, Died, Failed, Lost, describe_error, join_raw, split_raw
 from .mstep import tree_role
 
 
-def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]], d: int, control: Connection,
-          regularization: Regularization | None) -> None:
+def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]], d: int,
+          control: Connection) -> None:
     """Builds the cell and its links (``make_cell``: it opens its rows and returns the cell
     and its connections to the cells it sends to, by ``(replica, shard)``), links it and
     serves the coordinator's calls until told to stop; an error goes up the control
@@ -45,10 +43,8 @@ def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]
             if method == "stop":
                 return
             args = join_raw(args, iter(control.recv_bytes, None))
-            if method == "load":
-                cell.load(args[0], regularization)
-            elif method == "update":
-                cell.update(*args)
+            if method in ("load", "update"):  # the calls sent without waiting
+                getattr(cell, method)(*args)
             else:  # the calls the coordinator waits for
                 control.send(("ok", getattr(cell, method)(*args)))
     except PeerLost as e:
@@ -108,6 +104,15 @@ class ConnGrid(CellGrid):
         sentinel), or None."""
         return None
 
+    def ask_to_stop(self) -> None:
+        """Tells every cell still connected to stop (it returns from :func:`serve`)."""
+        for c in self.conns:
+            if c is not None:
+                try:
+                    c.send(("stop", None))
+                except OSError:
+                    pass  # the worker is gone already
+
     def call(self, i: int, method: str, *args) -> None:
         marked, bodies = split_raw(args)
         try:
@@ -141,19 +146,14 @@ class ConnGrid(CellGrid):
         reports after the partial sums of its subtree of the column's reduce
         (:func:`executors.mstep.tree_rounds`), so one with a late cell below it waits."""
         d, m = self.shape
-        below = {r: set(tree_role(r, d)[0]) for r in range(d)}
-        changed = True
-        while changed:  # each replica's whole subtree
-            changed = False
-            for r in range(d):
-                deeper = set().union(*(below[c] for c in below[r])) - below[r]
-                if deeper:
-                    below[r] |= deeper
-                    changed = True
+
+        def below(r: int) -> set[int]:  # replica r's whole subtree
+            return set().union(*({s} | below(s) for s in tree_role(r, d)[0]))
+
         late = set(cells)
         out = {}
         for i in cells:
-            waited = sorted(r for r in below[i // m] if r * m + i % m in late)
+            waited = sorted(r for r in below(i // m) if r * m + i % m in late)
             if waited:
                 out[i] = f"waits for the partial sums of its column's replica(s) {waited}"
         return out

@@ -19,10 +19,11 @@ def message_length(mine: dict[str, np.ndarray]) -> int:
     return len(mine) + sum(v.size for v in mine.values())
 
 
-def pack_into(out: np.ndarray, mine: dict[str, np.ndarray], roots: Sequence[str]) -> np.ndarray:
-    """Writes the message of ``mine`` (keys: ``roots``, in that order) into ``out``."""
+def pack(mine: dict[str, np.ndarray], roots: Sequence[str]) -> np.ndarray:
+    """The message of ``mine`` (keys: ``roots``, in that order), in a new array."""
     if list(mine) != list(roots):
         raise AssertionError(f"a shard sends its roots {list(roots)}, got {list(mine)}")
+    out = np.empty(message_length(mine))
     at = len(roots)
     for i, r in enumerate(roots):
         v = mine[r]
@@ -32,11 +33,6 @@ def pack_into(out: np.ndarray, mine: dict[str, np.ndarray], roots: Sequence[str]
         out[at:at + v.size] = v
         at += v.size
     return out
-
-
-def pack(mine: dict[str, np.ndarray], roots: Sequence[str]) -> np.ndarray:
-    """The message of ``mine`` in a new array."""
-    return pack_into(np.empty(message_length(mine)), mine, roots)
 
 
 def unpack(message: np.ndarray, roots: Sequence[str]) -> dict[str, np.ndarray]:

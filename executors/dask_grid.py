@@ -1,23 +1,11 @@
 """The Dask executor: every grid cell a long-lived Dask actor (``client.submit(..., actor=True)``).
 
-How bytes move:
-
-- **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
-  ``.npy`` files (a dataset on disk, on a file system the workers share), or receives its
-  replica's rows, only its shard's columns, scattered once to its worker (data in memory).
-- **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, :meth:`executors.cell.Cell.load`); per iteration, the coordinator's new
-  skeleton (the spanning nodes) goes to every cell and each column's head pushes its
-  shard's new subtrees to the other cells of its column.
-- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
-  reduce, pushing their pickled partial sums to each other's actors; the column's head
-  (replica 0) runs its shard's M-step and the coordinator receives only its pickled
-  :class:`executors.mstep.ColumnReport`, beside every cell's
-  :class:`executors.step.ShareReport`.
-- **Coupling**, per block: each cell calls ``deliver`` on the actors of the other shards of its
-  replica (worker to worker, on the workers' event loops) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`); the
-  column messages travel the same way.
+What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
+row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the workers
+share), or receives its replica's rows, only its shard's columns, scattered once to its
+worker (data in memory); the coordinator's calls are actor calls; a cell's messages to its
+peers (coupling, partial sums, new subtrees) are calls to ``deliver`` on their actors, worker
+to worker on the workers' event loops.
 
 Cells are placed on the workers the plan names when it was made for this cluster
 (``Resources.from_dask(client)``, whose worker names are the cluster's slots); otherwise in
@@ -28,19 +16,16 @@ Faults: a cell that raises stops the fit with a FitError naming it and the itera
 cell whose worker dies is noticed within about half a second (its actor's future is lost, or
 the scheduler no longer lists the worker); with ``timeout_s``, one that does not answer in
 time is named. Every cell is aborted and released after the fit, however it ended; a cell
-still running then (a hung step) has its worker restarted (``client.restart_workers``),
-the only way to stop a Python thread. A cluster the executor started (``address=None``) is
-closed after the fit.
+still running then (a hung step) has its worker process ended (its nanny starts a new one),
+the only way to stop a Python thread.
 
-A cluster the executor starts (:func:`local_cluster`) binds its scheduler, workers and their
-HTTP endpoints to 127.0.0.1, with the dashboard off; its worker folders go in a run-tagged
-scratch folder (:class:`executors.scratch.Scratch`) that goes after the fit, however it
-ends (its workers end with this process: they watch a pipe from it). Its workers ignore
-SIGINT (a terminal's Ctrl-C reaches every process of the foreground group: the fit's own
-process stops them, after emgrid's line rather than under 60 lines of their tracebacks), and
-they and this process keep distributed's and tornado's loggers quiet while the fit runs: a
-cell's error reaches the fit's own message (:class:`executors.models.errors.FitError`), not
-distributed's log first. A cluster named by ``address`` is used as it is.
+A cluster the executor starts (``address=None``, :func:`local_cluster`) listens on 127.0.0.1
+only, with no dashboard, keeps its worker folders in a run-tagged scratch folder
+(:class:`executors.scratch.Scratch`), ends with this process, and is closed after the fit;
+its workers ignore SIGINT (a terminal's Ctrl-C reaches them too: emgrid's one line comes
+first, not 60 lines of their tracebacks), and they and this process keep distributed's and
+tornado's loggers quiet while the fit runs (:func:`executors.dask_cells.dask_setup`). A
+cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations
@@ -111,27 +96,24 @@ class DaskGrid(CellGrid):
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
         self.addresses: list[str] = []
-        self.infos: list[dict] = [{} for _ in self.cells]
         self.calls: dict = {}  # the calls of the round in flight, unanswered when it failed
         self._checked = 0.0
 
     # ------------------------------------------------------------ naming and liveness
-    def who(self, i: int) -> str:
-        s = self.cells[i]
+    def where(self, i: int) -> str:
         pid = self.infos[i].get("pid")
-        at = f"pid {pid} on Dask worker {self.addresses[i]}" if pid else f"Dask worker {self.addresses[i]}"
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, {at})"
+        return f", pid {pid} on Dask worker {self.addresses[i]}" if pid else f", Dask worker {self.addresses[i]}"
 
     def _live_workers(self) -> set[str]:
         return set(self.client.scheduler_info(n_workers=-1)["workers"])
 
-    def _check_alive(self, when: str, force: bool = False) -> None:
+    def _check_alive(self, when: str) -> None:
         """Raises FitError naming the first cell whose actor or worker is gone."""
         for i, f in enumerate(self.futures):
             if f.status in ("lost", "cancelled"):
                 raise WorkerLost(f"{self.who(i)} died {when} (its actor was lost)", i, self.cells[i].name)
         now = perf_counter()
-        if force or now - self._checked >= _LIVENESS_S:
+        if now - self._checked >= _LIVENESS_S:
             self._checked = now
             live = self._live_workers()
             for i, a in enumerate(self.addresses):
@@ -174,10 +156,6 @@ class DaskGrid(CellGrid):
         where = [(address, f.key) for address, f in zip(self.addresses, self.futures)]
         self.collect({i: self.call(i, "connect", {t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
                       for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
-
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
 
     # ------------------------------------------------------------ calls and answers
     def call(self, i: int, method: str, *args):
@@ -273,6 +251,7 @@ class DaskExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "dask"
+    shown_option: ClassVar[str] = "address"
 
     def __init__(self, address=None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  n_workers: int | None = None, blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -321,10 +300,6 @@ class DaskExecutor(GridExecutor):
             own = cluster is not None
             return self.fit_on(lambda j: DaskGrid(client, j, directory, self.timeout_s, self.startup_timeout_s,
                                                   self.blas_threads, own), job)
-
-    def __repr__(self) -> str:
-        return (f"DaskExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["DaskExecutor", "DaskCell", "DaskGrid"]

@@ -181,22 +181,7 @@ class NpyDataset:
         """Every column, memory-mapped read-only (nothing is read until it is sliced and used);
         a table's columns are read whole, or with ``lazy`` only the rows indexed
         (``executors.tables.LazyColumn``)."""
-
-        def get(node):
-            kind = node["kind"]
-            if kind == "none":
-                return None
-            if kind == "tuple":
-                return tuple(get(c) for c in node["items"])
-            if kind == "ragged":
-                return Ragged.unchecked(get(node["values"]), self._load(node["offsets"]))
-            if kind == "table":
-                if lazy:
-                    return tables.LazyColumn(self.directory, node)
-                return tables.read_rows(self.directory, node, 0, node["n"])
-            return self._load(node["file"])
-
-        return get(self.layout)
+        return self._get(self.layout, None, lazy)
 
     def open_rows(self, start: int, stop: int) -> Data:
         """Rows ``start:stop`` of every column, each file mapped over just their bytes (a
@@ -205,32 +190,32 @@ class NpyDataset:
         those around its first rows lie outside its range."""
         if not 0 <= start <= stop <= self.n_rows:
             raise DataError(f"rows {start}:{stop} are outside the dataset's {self.n_rows} rows")
+        return self._get(self.layout, (start, stop), False)
 
-        def get(node, a, b):
-            kind = node["kind"]
-            if kind == "none":
-                return None
-            if kind == "tuple":
-                return tuple(get(c, a, b) for c in node["items"])
-            if kind == "ragged":
-                offsets = self._load_range(node["offsets"], a, b + 1)
-                lo, hi = int(offsets[0]), int(offsets[-1])
-                return Ragged.unchecked(get(node["values"], lo, hi), offsets - lo)
-            if kind == "table":
-                return tables.read_rows(self.directory, node, a, b)
-            return self._load_range(node["file"], a, b)
-
-        return get(self.layout, start, stop)
+    def _get(self, node: dict, rows: tuple[int, int] | None, lazy: bool) -> Data:
+        """The data of a layout node: its rows ``rows`` (``(start, stop)``), or all of it (None)."""
+        kind = node["kind"]
+        if kind == "none":
+            return None
+        if kind == "tuple":
+            return tuple(self._get(c, rows, lazy) for c in node["items"])
+        if kind == "ragged":
+            if rows is None:
+                return Ragged.unchecked(self._get(node["values"], None, lazy), self._load(node["offsets"]))
+            offsets = self._load_range(node["offsets"], rows[0], rows[1] + 1)
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            return Ragged.unchecked(self._get(node["values"], (lo, hi), lazy), offsets - lo)
+        if kind == "table":
+            if lazy:
+                return tables.LazyColumn(self.directory, node)
+            return tables.read_rows(self.directory, node, *(rows or (0, node["n"])))
+        return self._load(node["file"]) if rows is None else self._load_range(node["file"], *rows)
 
     def _load_range(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
         path = self.directory / name
         with open(path, "rb") as f:
-            fmt = np.lib.format
-            version = fmt.read_magic(f)
-            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, fortran, dtype = read_header(f)
-            header = f.tell()
+            shape, fortran, dtype, header = _npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
             return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))

@@ -19,9 +19,9 @@ from .loop import GridOutcome, run_em
 from .memory import PeakMeter
 from .protocol import BaseExecutor, FitJob
 from .result import FitResult
-from .mstep import ShardPart, report_payload, tree_sum
+from .mstep import ShardPart, report_payload, tree_sum, update_bytes
 from .step import WorkerStep, grid_layout, run_replica_lockstep
-from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited, probe
+from .threads import DEFAULT_BLAS_THREADS, probe
 
 
 class _LastReading:
@@ -81,14 +81,11 @@ class LocalGrid:
 
     def update(self, skeleton: Node, payload: bytes) -> int:
         d = len(self.layout)
-        sent = 0
+        # one replica: the head's new subtrees go to no other worker (not pickled to be counted)
+        pending = [len(p.pending_payload()) if d > 1 and p.view.evaluates(p.shard) else 0 for p in self.parts]
         for part in self.parts:
-            if part.view.evaluates(part.shard):
-                sent += d * len(payload)
-                if d > 1:  # one replica: the head's new subtrees go to no other worker
-                    sent += (d - 1) * len(part.pending_payload())
             part.apply(skeleton)
-        return sent
+        return update_bytes(self.view, d, len(payload), pending)
 
     def fetch(self, shard: int) -> dict[str, Node]:
         return self.parts[shard].owned()
@@ -104,11 +101,7 @@ class LocalExecutor(BaseExecutor):
     name: ClassVar[str] = "local"
 
     def __init__(self, blas_threads: int | None = DEFAULT_BLAS_THREADS):
-        self.blas_threads = check_blas_threads(blas_threads)
+        super().__init__(blas_threads)  # its own, so that an unknown option names LocalExecutor
 
-    def run(self, job: FitJob) -> FitResult:
-        with limited(self.blas_threads):
-            return run_em(LocalGrid(job), job, self.name)
-
-    def __repr__(self) -> str:
-        return f"LocalExecutor(blas_threads={self.blas_threads!r})"
+    def _run(self, job: FitJob) -> FitResult:
+        return run_em(LocalGrid(job), job, self.name)

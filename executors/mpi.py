@@ -18,12 +18,10 @@ coordinator (whose own cell stops waiting when a failure arrives) raises the Fit
 the rank, its worker and the iteration, and sends it to every rank, which raise it too
 (ranks waiting for the failed one's messages among them). A rank that dies outright (killed,
 ``os._exit``) is torn down with the whole job by the process manager (``mpiexec``/hydra
-reports the dead process and exits non-zero): an MPI job cannot outlive a member. As the
-process manager does not always notice, a rank waiting also looks, every half second, at
-the processes of the other ranks on its host (:mod:`executors.mpi_link`); when one ended it
-raises ``FitError("worker ... died in iteration I")`` and aborts the job (``MPI_Abort`` with
-:data:`ABORT_STATUS`) when its process exits. A rank on another host is not looked at: its
-death ends the job by the process manager, or by ``timeout_s``.
+reports the dead process and exits non-zero): an MPI job cannot outlive a member. Where the
+process manager does not notice, a waiting rank on the same host does
+(:mod:`executors.mpi_link`, "Dead peers"); a rank on another host, the process manager or
+``timeout_s``.
 
 Stopping. A callback that raises KeyboardInterrupt on the coordinator (``emgrid fit`` does
 when its launcher was interrupted) stops the fit between iterations: the coordinator tells
@@ -31,22 +29,17 @@ every rank to stop, and every rank raises KeyboardInterrupt, with nothing aborte
 KeyboardInterrupt in the middle of an iteration aborts the job (the others would wait).
 
 Timeouts. With ``timeout_s`` (as the multiprocessing executor's: the longest one iteration may
-take; ``None``, the default, waits forever in blocking probes) every wait is polled against a
-deadline: the coordinator's is ``timeout_s`` from its call, and it names the ranks that neither
-answered nor wait for another (it asks them); the other ranks' is ``2 * timeout_s + 2 s`` from
-the coordinator's call, so that they name the coordinator only when it hangs. The rank that
-names a hung rank raises ``FitError("no answer within T s in iteration I from worker ...")``,
-sends the same error to every rank that answered, which raise it too, and aborts the job
-(``MPI_Abort`` with :data:`ABORT_STATUS`) when its process exits, after the caller has handled
-the error (written a checkpoint, say): the hung rank could not be stopped otherwise.
+take; ``None``, the default, waits forever) the coordinator names the ranks that neither
+answered within ``timeout_s`` of its call nor wait for another, and the other ranks wait
+longer, so that they name the coordinator only when it hangs (:mod:`executors.mpi_link`,
+"Deadlines"). The rank that names a hung rank tells every rank that answered, which raise the
+same error, and aborts the job (``MPI_Abort`` with :data:`ABORT_STATUS`) when its process
+exits, after the caller has handled the error (written a checkpoint, say): the hung rank could
+not be stopped otherwise.
 
-Shared memory. Once every rank has started, each unlinks the ``/dev/shm/mpich_shm_*`` files
-it maps (:func:`release_shared_memory_files`): the mappings stay, and a job that ends
-abnormally leaves nothing in ``/dev/shm``.
-
-Threads. Every rank runs the fit with its BLAS and OpenMP pools at ``blas_threads`` threads
-(one by default; :mod:`executors.threads`) and restores its own setting after: ranks on one
-machine each running a pool per core are many times slower than one thread each.
+Once every rank has started, each unlinks the ``/dev/shm/mpich_shm_*`` files it maps
+(:func:`release_shared_memory_files`), and every rank runs the fit with ``blas_threads``
+BLAS and OpenMP threads (:mod:`executors.threads`).
 """
 
 from __future__ import annotations
@@ -65,7 +58,7 @@ from emgrid.planner.resources import Resources
 
 from .cell import Cell
 from .cellgrid import RAW, CellGrid, Failed, GridExecutor, describe_error, join_raw, split_raw
-from .loop import fits_here, run_em
+from .loop import fits_here, param_bytes, run_em
 from .memory import map_large_blocks
 from .mpi_link import (ABORT_STATUS, Deadline, Interrupted, MpiLink, NoAnswer, PeerDied, abort_job, no_answer,
                        release_shared_memory_files, this_host)
@@ -103,9 +96,9 @@ class MpiGrid(CellGrid):
     ordered = True  # a rank takes its calls in the order they were sent
 
     def __init__(self, job: FitJob, link: MpiLink, ranks: dict[tuple[int, int], int], cell: Cell | None,
-                 pids: list[int], timeout_s: float | None, startup_timeout_s: float):
+                 timeout_s: float | None, startup_timeout_s: float):
         super().__init__(job, timeout_s, startup_timeout_s)
-        self.link, self.cell, self.pids = link, cell, pids
+        self.link, self.cell = link, cell
         self.rank_of = [ranks[(s.replica, s.shard)] for s in self.cells]
         self.own: dict[int, tuple] = {}  # this process's cell: its call, run when answers are awaited
         self.own_waits: dict[int, str] = {}  # what it waited for when the deadline passed
@@ -200,7 +193,7 @@ def _when(method: str, args: list, iteration: int) -> str:
     return f"after iteration {iteration}"
 
 
-def serve(link: MpiLink, cell: Cell | None, index: int | None, regularization) -> FitResult:
+def serve(link: MpiLink, cell: Cell | None, index: int | None) -> FitResult:
     """A rank other than the coordinator: do what the coordinator calls until the result
     arrives; a call that raises is answered with its error (the coordinator then sends
     every rank the fit's error, which :meth:`MpiLink.pump` raises)."""
@@ -213,10 +206,8 @@ def serve(link: MpiLink, cell: Cell | None, index: int | None, regularization) -
             return pickle.loads(args[0])
         link.arm(_when(method, args, iteration))
         try:
-            if method == "load":
-                cell.load(args[0], regularization)
-            elif method == "update":
-                cell.update(*args)
+            if method in ("load", "update"):  # the calls sent without waiting
+                getattr(cell, method)(*args)
             else:
                 answer = getattr(cell, method)(*args)
                 link.post(link.coordinator, ("answer", index, answer))
@@ -235,7 +226,7 @@ def room_for_the_result(job: FitJob) -> bool:
     rank, so it must fit where the coordinator runs (:func:`executors.loop.fits_here`) and, on
     every worker whose memory the plan knows, in what the plan leaves free there (twice: the
     pickle and the model)."""
-    need = 2 * sum(a.nbytes for _, node in job.model.nodes() for a in node.params().values())
+    need = 2 * param_bytes(job.model)
     room = all(w.memory_limit is None or w.memory_limit - w.memory_bytes >= need for w in job.plan.per_worker)
     return room and fits_here(job.model)
 
@@ -318,9 +309,9 @@ class MpiExecutor(GridExecutor):
             if me != link.coordinator:
                 if cell is not None:
                     link.post(link.coordinator, ("answer", index[me], None))  # its rows are open
-                return serve(link, cell, index.get(me), job.regularization)
+                return serve(link, cell, index.get(me))
             link.disarm()
-            grid = MpiGrid(job, link, ranks, cell, pids, self.timeout_s, self.startup_timeout_s)
+            grid = MpiGrid(job, link, ranks, cell, self.timeout_s, self.startup_timeout_s)
             grid.start()
             return self._coordinate(grid, job)
         finally:

@@ -84,13 +84,6 @@ def no_answer(message: str, notes: list[str]) -> NoAnswer:
     return err
 
 
-def fit_error(message: str, trace: str | None) -> FitError:
-    err = FitError(message)
-    if trace:
-        err.add_note(trace.rstrip())
-    return err
-
-
 def this_host() -> tuple[str, str]:
     """What ranks whose pids can be looked at from one another share: the host's name and,
     on Linux, the pid namespace (ranks in two containers of one host have pids of their own)."""
@@ -249,8 +242,11 @@ class MpiLink:
                 self.replies[rank] = doing
         elif kind == "tell":
             raise no_answer(fields[1], fields[2])
-        elif kind == "error":
-            raise fit_error(fields[1], fields[2])
+        elif kind == "error":  # the fit's FitError, its notes in one
+            err = FitError(fields[1])
+            if fields[2]:
+                err.add_note(fields[2].rstrip())
+            raise err
         elif kind == "stop":  # the coordinator's callback stopped the fit (Ctrl-C, SIGTERM)
             raise KeyboardInterrupt()
         else:

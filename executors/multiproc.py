@@ -1,22 +1,15 @@
 """The multiprocessing executor: one worker process per grid cell on this machine.
 
-Each worker runs one :class:`executors.cell.Cell` (the protocol every transport shares) over
-pipes, and the parent is a :class:`executors.cellgrid.CellGrid` (the EM loop's side and the
-fault rule); only how bytes move is this module's:
-
-- the parent's calls go down one control pipe per worker, in order (so the model and the
-  updates are sent without waiting), and their answers come back up it;
-- the cells exchange their messages (coupling, partial sums, a head's new subtrees) over
-  one pipe per pair of cells that meet (the shards of a replica, the replicas of a
-  column), served as every connection-linked cell is (:mod:`executors.conn_cell`).
+Each worker runs one :class:`executors.cell.Cell` served over pipes (:mod:`executors.conns`):
+a control pipe from the parent, and one pipe per pair of cells that meet (the shards of a
+replica, the replicas of a column).
 
 Rows never pass through the parent: the data lives in ``.npy`` files (written once to a
 run-tagged scratch folder when the caller gave arrays, :class:`executors.scratch.Scratch`,
 removed however the fit ends) that every worker maps for its own row range only.
 
 Workers start with the ``spawn`` (or ``forkserver``) method and with BLAS and OpenMP limited
-to ``blas_threads`` threads (one by default, :mod:`executors.threads`): processes each
-running several BLAS threads on the same cores are many times slower than one thread each.
+to ``blas_threads`` threads (one by default, :mod:`executors.threads`).
 
 A worker's target and arguments are emgrid's own, so it needs nothing from the caller's
 ``__main__``, which is hidden from spawn's preparation while workers start
@@ -27,9 +20,8 @@ import the script (to unpickle it), which then needs the guard.
 A SIGTERM to the parent while it runs a fit (with the default action in place) unwinds it:
 the workers stop and the temporary copy of the data goes, then the process exits 143.
 
-A worker that raises or dies stops the fit with a FitError naming it and the iteration
-(the parent watches every worker's sentinel, and never blocks on a dead one); the workers
-that lose their pipes to it report that they did, which only points the parent at it.
+A worker's death is noticed by its process's sentinel (the parent never blocks on a dead
+one); the fault rule is :mod:`executors.cellgrid`'s.
 """
 
 from __future__ import annotations
@@ -45,7 +37,6 @@ from typing import ClassVar
 
 from emgrid.models import Node
 from emgrid.models.errors import ConfigError, FitError
-from emgrid.models.regularize import Regularization
 
 from .cell import Cell
 from .cellgrid import GridExecutor
@@ -56,11 +47,10 @@ from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch, set_parent_death_signal
 from .step import WorkerSpec
-from .threads import DEFAULT_BLAS_THREADS, environment, limited, thread_env
+from .threads import DEFAULT_BLAS_THREADS, environment, limited, patched, thread_env
 
 def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control: Connection,
-                 links: dict[tuple[int, int], Connection], regularization: Regularization | None = None,
-                 blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
+                 links: dict[tuple[int, int], Connection], blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
     """A worker process: its :class:`executors.cell.Cell` over pipes, serving the parent's
     calls until told to stop. ``d``: the replicas of the grid; ``links``: by ``(replica,
     shard)``, the pipes to the cells it sends to (:meth:`Cell.targets`). It dies with the
@@ -73,7 +63,7 @@ def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control:
         return Cell(spec, model, directory, None), links
 
     with limited(blas_threads):
-        serve(make_cell, d, control, regularization)
+        serve(make_cell, d, control)
 
 
 @contextmanager
@@ -90,18 +80,8 @@ def _main_hidden(model: Node):
     if main is None or any(type(node).__module__ == "__main__" for _, node in model.nodes()):
         yield
         return
-    missing = object()
-    saved = {k: main.__dict__.get(k, missing) for k in ("__file__", "__spec__")}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
+    with patched(main.__dict__, {"__file__": None, "__spec__": None}):  # spawn reads None as absent
         yield
-    finally:
-        for k, v in saved.items():
-            if v is missing:
-                main.__dict__.pop(k, None)
-            else:
-                main.__dict__[k] = v
 
 
 class ProcessGrid(ConnGrid):
@@ -131,7 +111,7 @@ class ProcessGrid(ConnGrid):
                 cell = (spec.replica, spec.shard)
                 p = self.context.Process(target=_worker_main, name=f"emgrid-{spec.name}", daemon=True,
                                          args=(spec, d, self.directory, spec.view.model_for(spec.shard, job.model),
-                                               child, ends[cell], job.regularization, self.blas_threads))
+                                               child, ends[cell], self.blas_threads))
                 p.start()
                 self.procs.append(p)
                 self.conns.append(parent)
@@ -147,9 +127,8 @@ class ProcessGrid(ConnGrid):
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, pid {self.procs[i].pid})"
+    def where(self, i: int) -> str:
+        return f", pid {self.procs[i].pid}"
 
     def ended(self, i: int) -> str:
         p = self.procs[i]
@@ -174,11 +153,7 @@ class ProcessGrid(ConnGrid):
         stuck waiting on a dead peer or hung: they are terminated at once.
         """
         if not failed:
-            for c in self.conns:
-                try:
-                    c.send(("stop", None))
-                except OSError:
-                    pass
+            self.ask_to_stop()
             deadline = perf_counter() + 5.0
             for p in self.procs:
                 p.join(max(0.0, deadline - perf_counter()))
@@ -224,6 +199,7 @@ class MultiprocessingExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "multiprocessing"
+    shown_option: ClassVar[str] = "start_method"
 
     def __init__(self, start_method: str = "spawn", timeout_s: float | None = None,
                  startup_timeout_s: float = 120.0, tmp_dir: str | None = None,
@@ -252,7 +228,3 @@ class MultiprocessingExecutor(GridExecutor):
         finally:
             if scratch is not None:
                 scratch.close()
-
-    def __repr__(self) -> str:
-        return (f"MultiprocessingExecutor(start_method={self.start_method!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")

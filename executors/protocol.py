@@ -15,6 +15,7 @@ from emgrid.planner.resources import Resources
 
 from .datafiles import NpyDataset
 from .result import FitResult
+from .threads import DEFAULT_BLAS_THREADS, check_blas_threads, limited
 
 #: Called after every iteration with ``(iteration, log_likelihood, result_so_far)``.
 Callback = Callable[[int, float, FitResult], None]
@@ -95,12 +96,13 @@ class Executor(Protocol):
 
 
 class BaseExecutor:
-    """Defaults shared by the executors that run on this machine."""
+    """Defaults shared by the executors: ``blas_threads``, the BLAS and OpenMP threads of
+    this process while a fit runs (:mod:`executors.threads`; ``None`` leaves them as they are)."""
 
     name: ClassVar[str] = ""
 
-    def __init__(self) -> None:
-        """The in-process executors take no options; unknown ones are refused by name."""
+    def __init__(self, blas_threads: int | None = DEFAULT_BLAS_THREADS) -> None:
+        self.blas_threads = check_blas_threads(blas_threads)
 
     def default_resources(self) -> Resources:
         return Resources.local()
@@ -113,8 +115,15 @@ class BaseExecutor:
     def check_plan(self, plan: BalancePlan) -> None:
         return None
 
+    def run(self, job: FitJob) -> FitResult:
+        with limited(self.blas_threads):
+            return self._run(job)
+
+    def _run(self, job: FitJob) -> FitResult:
+        raise NotImplementedError
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}(blas_threads={self.blas_threads!r})"
 
 
 def check_timeouts(timeout_s, startup_timeout_s) -> None:

@@ -1,24 +1,13 @@
 """The Ray executor: every grid cell a long-lived Ray actor (a process of its own).
 
-How bytes move:
-
-- **Rows**, once, when the cells start: each cell maps its own row range of the dataset's
-  ``.npy`` files (a dataset on disk, on a file system the nodes share), or receives its
-  replica's rows, only its shard's columns, as an argument of its constructor (Ray puts them
-  in its object store once; data in memory).
-- **Model**, once per run: each cell receives its shard's part of the starting model
-  (pickled, put in the object store once per shard; :meth:`executors.cell.Cell.load`);
-  per iteration, the coordinator's new skeleton (the spanning nodes) goes to every cell and
-  each column's head pushes its shard's new subtrees to the other cells of its column.
-- **Statistics**, every iteration: the cells of each shard's column sum them by a tree
-  reduce, pushing their pickled partial sums to each other (``deliver.remote``); the
-  column's head (replica 0) runs its shard's M-step and the coordinator receives only its
-  pickled :class:`executors.mstep.ColumnReport`, beside every cell's
-  :class:`executors.step.ShareReport`.
-- **Coupling**, per block: each cell calls ``deliver.remote`` on the actors of the other
-  shards of its replica (actor to actor, the coordinator not involved) with its
-  :mod:`executors.coupling` message, and waits for theirs (:mod:`executors.cell`). A cell is
-  a threaded actor, so deliveries run while its step waits.
+What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
+row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the nodes
+share), or receives its replica's rows, only its shard's columns, as an argument of its
+constructor (Ray puts them in its object store once; data in memory); a shard's part of the
+model and each skeleton are put in the object store once for every cell; a cell's messages
+to its peers (coupling, partial sums, new subtrees) are ``deliver.remote`` calls on their
+actors, the coordinator not involved. A cell is a threaded actor, so deliveries run while its
+step waits.
 
 Cells are placed on the nodes the plan names when it was made for this cluster
 (``Resources.from_ray()``, whose worker names are the cluster's CPUs), otherwise where Ray
@@ -31,13 +20,11 @@ that does not answer in time is named. Every cell is killed (``ray.kill``) after
 however it ended. A Ray instance the executor started (``address=None`` and no Ray running in
 this process) is shut down after the fit.
 
-Addresses and scratch of a Ray instance the executor starts: every process of it (the
-driver's core worker, the GCS, the raylet and its object manager, the agents, every actor)
-listens on 127.0.0.1 only and the dashboard is off (:func:`start_local`); Ray's
-``session_*`` folder goes in a run-tagged scratch folder (:class:`executors.scratch.Scratch`)
-whose warden, when this process ends however it ends, kills what is left of the instance
-(after a ``kill -9`` of the driver, Ray's two agents would otherwise wait a minute on the
-dead GCS) and removes the folder. A cluster named by ``address`` is used as it is.
+Every process of a Ray instance the executor starts listens on 127.0.0.1 only, with no
+dashboard (:func:`start_local`); its ``session_*`` folder goes in a run-tagged scratch folder
+whose warden kills what is left of the instance when this process ends, however it ends
+(Ray's agents would otherwise wait a minute on a dead GCS; :class:`executors.scratch.Scratch`).
+A cluster named by ``address`` is used as it is.
 """
 
 from __future__ import annotations
@@ -114,11 +101,6 @@ class RayCell(Cell):
                         replicas)
 
 
-def _cause(e: BaseException) -> BaseException:
-    """The cell's own exception inside a Ray task error."""
-    return getattr(e, "cause", None) or e
-
-
 class RayGrid(CellGrid):
     """The coordinator's side: one actor per cell, in the Ray cluster this process is connected to."""
 
@@ -127,15 +109,8 @@ class RayGrid(CellGrid):
         super().__init__(job, timeout_s, startup_timeout_s)
         self.directory, self.blas_threads, self.num_cpus = directory, blas_threads, num_cpus
         self.actors: list = []
-        self.infos: list[dict] = [{} for _ in self.cells]
         self._round: dict = {}  # the calls of the round being collected
         self._pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
-
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        info = self.infos[i]
-        at = f", pid {info['pid']} on {info['host']}" if info else ""
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}{at})"
 
     def _options(self, ray) -> list[dict]:
         """Every cell's actor options: its CPUs, its node, no restarts, its threads."""
@@ -174,10 +149,6 @@ class RayGrid(CellGrid):
         self.collect({i: self.call(i, "connect", {t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
                       for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
 
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
-
     def shared(self, payload):
         """Put in the object store once, for every cell it goes to."""
         return _import_ray().put(payload)
@@ -212,7 +183,7 @@ class RayGrid(CellGrid):
                 else:
                     out.append((i, Died("died", f"Ray: {type(e).__name__}", f"Ray's report:\n{report.rstrip()}")))
             except (RayTaskError, GetTimeoutError, RayError) as e:
-                summary, _ = describe_error(_cause(e))
+                summary, _ = describe_error(getattr(e, "cause", None) or e)  # the cell's own, inside Ray's
                 out.append((i, Failed(summary, str(e))))
         return out
 
@@ -280,6 +251,7 @@ class RayExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "ray"
+    shown_option: ClassVar[str] = "address"
 
     def __init__(self, address: str | None = None, timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                  num_cpus: int | None = None, cell_cpus: float | None = None,
@@ -333,10 +305,6 @@ class RayExecutor(GridExecutor):
         finally:
             if opened:
                 self._disconnect()
-
-    def __repr__(self) -> str:
-        return (f"RayExecutor(address={self.address!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["RayExecutor", "RayCell", "RayGrid"]

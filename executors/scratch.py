@@ -8,13 +8,9 @@ in the system temporary folder, made by :class:`Scratch`. The folder holds an ``
 the pid and start time of the process the fit runs in.
 
 When the fit ends, its process removes the folder (:meth:`Scratch.close`). For the ends it
-cannot see, a warden (``executors/warden.py``, a process of its own that needs only the
-standard library) waits for the end of its standard input, a pipe from the fit's process,
-which the kernel closes when that process dies, ``kill -9`` included. The warden then kills
-every process that still holds a file or its working directory in the folder (Ray's
-agents outlive a killed driver by a minute, waiting on a dead GCS) or carries it in its
-environment (``EMGRID_SCRATCH``, ``TMPDIR``), and removes the folder. It runs in a session
-of its own, so a terminal's Ctrl-C does not reach it.
+cannot see, ``kill -9`` included, a warden process (:mod:`executors.warden`) kills what still
+uses the folder (Ray's agents outlive a killed driver by a minute, waiting on a dead GCS) and
+removes it; it runs in a session of its own, so a terminal's Ctrl-C does not reach it.
 
 Were the warden killed too, the next :class:`Scratch` of any kind sweeps the temporary
 folder (:func:`sweep`): every ``emgrid-<kind>-*`` folder whose owner is gone is treated so.

@@ -36,6 +36,8 @@ import pickle
 import sys
 import threading
 import uuid
+from contextlib import contextmanager
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection, Listener
 from time import perf_counter
 from typing import ClassVar
@@ -71,18 +73,14 @@ class SparkGrid(ConnGrid):
         self.session, self.blas_threads = session, blas_threads
         self.sc = session.sparkContext
         self.conns: list[Connection | None] = [None] * len(self.cells)
-        self.infos: list[dict] = [{} for _ in self.cells]
         self.group = f"emgrid-{uuid.uuid4().hex[:12]}"
         self.error: BaseException | None = None
         self._done_r, self._done_w = None, None
         self._listener: Listener | None = None
         self._stage: threading.Thread | None = None
 
-    def who(self, i: int) -> str:
-        s = self.cells[i]
-        info = self.infos[i]
-        at = f", pid {info['pid']} on {info['host']}" if info else ""
-        return f"worker {s.name!r} (replica {s.replica}, shard {s.shard}, Spark task {i}{at})"
+    def where(self, i: int) -> str:
+        return f", Spark task {i}{super().where(i)}"
 
     def _rdd(self):
         """The stage's input: one partition per cell (grid order), and what it holds."""
@@ -103,11 +101,11 @@ class SparkGrid(ConnGrid):
         authkey = os.urandom(32)
         host = "127.0.0.1" if is_local(self.sc) else self.sc.getConf().get("spark.driver.host")
         self._listener = Listener((host, 0), authkey=authkey)
-        self._done_r, self._done_w = _pipe()
+        self._done_r, self._done_w = Pipe(duplex=False)
         parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
         rdd, source, reader, directory = self._rdd()
         task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
-                          job.regularization, self.blas_threads, forwarded_env())
+                          self.blas_threads, forwarded_env())
         stage = rdd.barrier().mapPartitions(task)
 
         def run_stage():
@@ -173,10 +171,6 @@ class SparkGrid(ConnGrid):
                      f"({sys.executable}), or install emgrid where the executors run")
         return "Spark: " + line
 
-    @property
-    def pids(self) -> list[int]:
-        return [info.get("pid") for info in self.infos]
-
     def sentinel(self, i: int):
         return self._done_r
 
@@ -192,12 +186,7 @@ class SparkGrid(ConnGrid):
         """Asks every task to stop and waits for the stage to end; cancels it when it does
         not end within :data:`STOP_GRACE_S` (or at once after a failure)."""
         if not failed:
-            for c in self.conns:
-                if c is not None:
-                    try:
-                        c.send(("stop", None))
-                    except OSError:
-                        pass
+            self.ask_to_stop()
         if self._stage is not None:
             self._stage.join(0.0 if failed else STOP_GRACE_S)
             if self._stage.is_alive():
@@ -213,12 +202,6 @@ class SparkGrid(ConnGrid):
                 end.close()
 
 
-def _pipe():
-    from multiprocessing import Pipe
-
-    return Pipe(duplex=False)
-
-
 class SparkExecutor(GridExecutor):
     """Tasks of a Spark barrier stage, one per grid cell.
 
@@ -229,6 +212,7 @@ class SparkExecutor(GridExecutor):
     """
 
     name: ClassVar[str] = "spark"
+    shown_option: ClassVar[str] = "master"
 
     def __init__(self, session=None, master: str | None = None, timeout_s: float | None = None,
                  startup_timeout_s: float = 120.0, blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -243,23 +227,18 @@ class SparkExecutor(GridExecutor):
         self._own = None  # the session started here, while it runs
         self._users = 0
 
+    @contextmanager
     def opened(self):
         """A context in which :meth:`spark` is a running session: one started here ends
         with the outermost such context."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def held():
-            self._users += 1
-            try:
-                yield self
-            finally:
-                self._users -= 1
-                if self._users == 0 and self._own is not None:
-                    own, self._own = self._own, None
-                    stop_session(own)
-
-        return held()
+        self._users += 1
+        try:
+            yield self
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._own is not None:
+                own, self._own = self._own, None
+                stop_session(own)
 
     def spark(self, data=None):
         """The session to run on: the executor's, the DataFrame ``data``'s, the one this
@@ -313,10 +292,6 @@ class SparkExecutor(GridExecutor):
             session = self.spark(job.data)
             return self.fit_on(lambda j: SparkGrid(j, session, self.timeout_s, self.startup_timeout_s,
                                                    self.blas_threads), job)
-
-    def __repr__(self) -> str:
-        return (f"SparkExecutor(master={self.master!r}, timeout_s={self.timeout_s!r}, "
-                f"blas_threads={self.blas_threads!r})")
 
 
 __all__ = ["SparkExecutor", "SparkGrid"]

@@ -1,9 +1,6 @@
-"""The Spark task of one grid cell (the worker side of :mod:`executors.spark_grid`).
-
-Each task of the barrier stage connects to the driver (its control connection, on which its
-shard's part of the starting model arrives), listens on a socket of its own, exchanges the
-tasks' addresses with ``BarrierTaskContext.allGather``, connects to the cells it meets, and
-is then served as every connection-linked cell is (:func:`executors.conns.serve`).
+"""The Spark task of one grid cell: the worker side of :mod:`executors.spark_grid` (whose
+docstring says how the tasks and the driver connect), served as every connection-linked cell
+is (:func:`executors.conns.serve`).
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ def no_delay(conn: Connection) -> Connection:
     return conn
 
 
-
-def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory,
-               regularization, blas_threads, env):
+def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory, blas_threads, env):
     """The barrier task of every cell (its index the task's partition): ``source`` says what
     its partition holds, ``"frame"`` a DataFrame's ``(first, blob)`` blocks, ``"rows"`` its
     rows, ``"directory"`` nothing (it maps its rows from ``directory``). Its shard's part of
@@ -65,7 +60,7 @@ def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, read
             cell = Cell(spec, part, directory if source == "directory" else None, rows, blas_threads, env)
             return cell, _link(ctx, i, spec, d, m, host, authkey)
 
-        serve(make_cell, d, control, regularization)
+        serve(make_cell, d, control)
         control.close()
         return iter(())
 

@@ -68,10 +68,6 @@ class WorkerSpec:
         return self.stop - self.start
 
     @property
-    def leaves(self) -> tuple[str, ...]:
-        return self.view.leaves_of(self.shard)
-
-    @property
     def roots(self) -> tuple[str, ...]:
         """The shard roots this worker evaluates, in pre-order; ``("",)`` when the tree is whole here."""
         return self.view.roots_of(self.shard)
@@ -213,12 +209,6 @@ class WorkerStep:
         """From the whole dataset: slices the worker's rows first (views, nothing read)."""
         return cls(model, spec, take_rows(data, spec.start, spec.stop), meter)
 
-    def exchanges_per_pass(self) -> int:
-        """How many times :meth:`passes` yields (the same on every shard of a replica)."""
-        if not (self.spec.active and self.spec.exchanges):
-            return 0
-        return math.ceil(self.spec.rows / self.spec.block_rows)
-
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its shard roots' log densities per block.
 
@@ -310,7 +300,9 @@ def run_replica_lockstep(steps: Sequence[WorkerStep], models: Sequence[Node], it
         if not yielded:
             break
         t0 = perf_counter()
-        every = merge_exchange(yielded[i] for i in sorted(yielded))
+        every: dict[str, np.ndarray] = {}  # every shard root's log density (the shards' keys are disjoint)
+        for i in sorted(yielded):
+            every.update(yielded[i])
         dt = (perf_counter() - t0) / len(yielded)
         for i in yielded:
             sends[i] = every
@@ -319,14 +311,6 @@ def run_replica_lockstep(steps: Sequence[WorkerStep], models: Sequence[Node], it
     for share, c in zip(shares, coupling):
         share.coupling_s = c
     return shares
-
-
-def merge_exchange(parts) -> dict[str, np.ndarray]:
-    """Every shard root's log density from the shards' parts (their keys are disjoint)."""
-    every: dict[str, np.ndarray] = {}
-    for part in parts:
-        every.update(part)
-    return every
 
 
 def sum_in_order(values):

@@ -73,28 +73,23 @@ def _scan_csv(path: Path, header: bytes, n_fields: int) -> tuple[int, int]:
     n_ends, last_content, carry, row = 0, -1, b"", 0
     blank = np.zeros(256, dtype=bool)
     blank[[9, 10, 13, 32]] = True
-    with open(path, "rb") as f:
-        f.seek(pos)
-        while True:
-            block = f.read(_BLOCK)
-            if not block:
-                break
-            arr = np.frombuffer(block, dtype=np.uint8)
-            ends = np.flatnonzero(arr == _LF)
-            n_ends += int(ends.size)
-            content = np.flatnonzero(~blank[arr])
-            if content.size:
-                last_content = pos + int(content[-1])
-            if ends.size:
-                lines = carry + block[:int(ends[-1]) + 1]
-                row = _check_fields(path, lines, row, n_fields)
-                carry = block[int(ends[-1]) + 1:]
-            else:
-                carry += block
-                if len(carry) > MAX_LINE_BYTES:
-                    raise DataError(f"data file {str(path)!r}: row {row} is longer than {MAX_LINE_BYTES:,} bytes "
-                                    "(executors.tables.MAX_LINE_BYTES)")
-            pos += len(block)
+    for at, block in _blocks(path, pos):
+        arr = np.frombuffer(block, dtype=np.uint8)
+        ends = np.flatnonzero(arr == _LF)
+        n_ends += int(ends.size)
+        content = np.flatnonzero(~blank[arr])
+        if content.size:
+            last_content = at + int(content[-1])
+        if ends.size:
+            lines = carry + block[:int(ends[-1]) + 1]
+            row = _check_fields(path, lines, row, n_fields)
+            carry = block[int(ends[-1]) + 1:]
+        else:
+            carry += block
+            if len(carry) > MAX_LINE_BYTES:
+                raise DataError(f"data file {str(path)!r}: row {row} is longer than {MAX_LINE_BYTES:,} bytes "
+                                "(executors.tables.MAX_LINE_BYTES)")
+        pos = at + len(block)
     if carry.strip():
         _check_fields(path, carry + b"\n", row, n_fields)
     ends_at_eof = pos == len(header) or (n_ends > 0 and _last_byte(path) == _LF)
@@ -103,6 +98,15 @@ def _scan_csv(path: Path, header: bytes, n_fields: int) -> tuple[int, int]:
 
 #: The longest CSV row the coordinator's pass takes (a file without line ends is no CSV).
 MAX_LINE_BYTES = 1 << 26
+
+
+def _blocks(path: Path, pos: int):
+    """``(offset, bytes)`` of the file from byte ``pos`` on, :data:`_BLOCK` bytes at a time."""
+    with open(path, "rb") as f:
+        f.seek(pos)
+        while block := f.read(_BLOCK):
+            yield pos, block
+            pos += len(block)
 
 
 def _last_byte(path: Path) -> int:
@@ -136,16 +140,11 @@ def _fill_starts(path: Path, header_bytes: int, starts: np.ndarray) -> int:
     returns the file's size."""
     pos, k = header_bytes, 1
     starts[0] = header_bytes
-    with open(path, "rb") as f:
-        f.seek(pos)
-        while True:
-            block = f.read(_BLOCK)
-            if not block:
-                break
-            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _LF).astype(np.int64) + (pos + 1)
-            starts[k:k + ends.size] = ends
-            k += int(ends.size)
-            pos += len(block)
+    for at, block in _blocks(path, header_bytes):
+        ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _LF).astype(np.int64) + (at + 1)
+        starts[k:k + ends.size] = ends
+        k += int(ends.size)
+        pos = at + len(block)
     if k < starts.size:
         starts[k] = pos
     return pos

@@ -62,18 +62,25 @@ def thread_env(n: int | None) -> dict[str, str]:
 
 
 @contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` updated with ``values`` inside the block (for the processes it starts)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def patched(mapping, values: dict) -> Iterator[None]:
+    """``mapping`` updated with ``values`` inside the block, as it was after (a key it lacked
+    removed again)."""
+    missing = object()
+    saved = {k: mapping.get(k, missing) for k in values}
+    mapping.update(values)
     try:
         yield
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+            if v is missing:
+                mapping.pop(k, None)
             else:
-                os.environ[k] = v
+                mapping[k] = v
+
+
+def environment(values: dict[str, str]):
+    """``os.environ`` updated with ``values`` inside the block (for the processes it starts)."""
+    return patched(os.environ, values)
 
 
 @contextmanager
@@ -163,17 +170,13 @@ def controller():
         return _CACHED[1]
 
 
-def pools() -> list[dict]:
-    """``threadpoolctl.threadpool_info()``: every loaded pool and its number of threads."""
-    from threadpoolctl import threadpool_info
-
-    return threadpool_info()
-
-
 def probe(worker: str) -> None:
-    """Writes this process's pools to ``$EMGRID_THREAD_PROBE/<worker>.<pid>.json`` when set."""
+    """Writes this process's pools (``threadpoolctl.threadpool_info()``) to
+    ``$EMGRID_THREAD_PROBE/<worker>.<pid>.json`` when set."""
     folder = os.environ.get(PROBE_ENV)
     if not folder:
         return
+    from threadpoolctl import threadpool_info
+
     path = Path(folder) / f"{worker}.{os.getpid()}.json"
-    path.write_text(json.dumps({"worker": worker, "pid": os.getpid(), "pools": pools()}))
+    path.write_text(json.dumps({"worker": worker, "pid": os.getpid(), "pools": threadpool_info()}))
