@@ -2,7 +2,8 @@
 the multiprocessing executor (pipes) and the Spark executor (TCP sockets between barrier
 tasks) share; only how the connections are made differs.
 
-The worker side (:func:`serve`, :class:`ConnLink`):
+The worker side (:func:`serve`, :class:`ConnLink`; :func:`link_cells` makes TCP links between
+cells that find each other's addresses through a barrier or the coordinator):
 
 - **control**: one connection to the coordinator, whose calls arrive on it in order and
   whose awaited answers go back up it; bytes-like arguments (a shard's pickled part, a
@@ -19,9 +20,11 @@ connection's end of file or by a transport's *sentinel* (a process's, a job's).
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Client, Connection, Listener, wait
 
 from .cell import Cell, PeerLost
 from .cellgrid import CellGrid, Died, Failed, Lost, describe_error, join_raw, split_raw
@@ -61,6 +64,57 @@ def tell(control: Connection, message) -> None:
         control.send(message)
     except OSError:
         pass
+
+
+def no_delay(conn: Connection) -> Connection:
+    """``conn`` (a TCP connection) with Nagle's algorithm off: a message's header and its
+    body are two writes, which Nagle would hold back for the peer's delayed ACK (40 ms)."""
+    s = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        s.close()
+    return conn
+
+
+def link_cells(gather: Callable[[tuple], list], i: int, spec, d: int, host: str,
+               authkey: bytes) -> dict[tuple[int, int], Connection]:
+    """Cell ``i``'s TCP connections to the cells it sends to: it listens on ``host``, the cells
+    exchange their addresses (``gather``: this cell's address -> every cell's, in grid order;
+    a barrier's ``allGather``, or the coordinator relaying them), and each connects to the
+    cells after it in grid order and accepts those before it (on a thread, while it connects)."""
+    m = spec.view.n_shards
+    targets = Cell.targets(spec, d)
+    listener = Listener((host, 0), authkey=authkey)
+    try:
+        addresses = [tuple(a) for a in gather(listener.address)]
+        links: dict[tuple[int, int], Connection] = {}
+        before = [t for t in targets if t[0] * m + t[1] < i]
+        failure: list[BaseException] = []
+
+        def accept():
+            try:
+                for _ in before:
+                    conn = no_delay(listener.accept())
+                    j = conn.recv()
+                    links[(j // m, j % m)] = conn
+            except BaseException as e:  # noqa: BLE001 - raised on the task's thread
+                failure.append(e)
+
+        acceptor = threading.Thread(target=accept, daemon=True, name=f"emgrid-{spec.name}-accept")
+        acceptor.start()
+        for t in targets:
+            j = t[0] * m + t[1]
+            if j > i:
+                conn = no_delay(Client(addresses[j], authkey=authkey))
+                conn.send(i)
+                links[t] = conn
+        acceptor.join()
+        if failure:
+            raise failure[0]
+        return links
+    finally:
+        listener.close()
 
 
 class ConnLink:

@@ -31,22 +31,25 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
+from multiprocessing.connection import Client, Connection, Listener
+from time import perf_counter
 from typing import ClassVar
+
+from emgrid.models.errors import FitError
 
 from emgrid.planner.resources import Resources, ray_slots
 
 from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
 from .cell import Cell
-from .cellgrid import CellGrid, Died, Failed, GridExecutor, WorkerLost, describe_error
+from .cellgrid import GridExecutor, WorkerLost, describe_error
+from .conns import ConnGrid, link_cells, no_delay, serve
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
 from .threads import DEFAULT_BLAS_THREADS
-
-#: Threads of a cell's actor: its step, and the deliveries and the abort that reach it meanwhile.
-_CONCURRENCY = 4
-
 
 def _import_ray():
     return import_extra("ray", "ray")
@@ -90,30 +93,44 @@ def start_local(num_cpus: int | None) -> Scratch:
     return scratch
 
 
-class RayCell(Cell):
-    """The Ray actor of one cell (:class:`executors.cell.Cell`), made remote when a fit
-    starts; a threaded actor, so deliveries and the abort run while a call waits."""
+class RayCell:
+    """The Ray actor of one cell: it builds the :class:`executors.cell.Cell` (its rows opened
+    or received with the constructor), then :meth:`serve` serves it over sockets for the whole
+    fit, as a Spark task or a multiprocessing worker is served (:func:`executors.conns.serve`)."""
 
-    def connect(self, peers: dict, replicas: int) -> None:
-        """``peers``: ``(replica, shard)`` -> the actor handle of every cell this one sends
-        to (:meth:`Cell.targets`)."""
-        super().connect(lambda target, key, payload, extra: peers[target].deliver.remote(key, payload, extra),
-                        replicas)
+    def __init__(self, spec, part, directory, rows, blas_threads, env):
+        self.cell = Cell(spec, part, directory, rows, blas_threads, env)
+
+    def serve(self, coordinator, authkey: bytes, d: int) -> None:
+        """Connects to the coordinator, gets every cell's address through it, links to the
+        cells it meets (:func:`executors.conns.link_cells`) and serves until told to stop."""
+        ray = _import_ray()
+        spec = self.cell.spec
+        host = ray.util.get_node_ip_address()
+        control = no_delay(Client(coordinator, authkey=authkey))
+
+        def gather(address):
+            control.send((spec.index, address))
+            return control.recv()
+
+        serve(lambda: (self.cell, link_cells(gather, spec.index, spec, d, host, authkey)), d, control)
+        control.close()
 
 
-class RayGrid(CellGrid):
-    """The coordinator's side: one actor per cell, in the Ray cluster this process is connected to."""
+class RayGrid(ConnGrid):
+    """The coordinator's side: one actor per cell in the Ray cluster this process is connected
+    to, each serving its cell over a socket to this process and to the cells it meets."""
 
     def __init__(self, job: FitJob, directory: str | None, timeout_s: float | None, startup_timeout_s: float,
                  blas_threads: int | None, num_cpus: float | None):
         super().__init__(job, timeout_s, startup_timeout_s)
         self.directory, self.blas_threads, self.num_cpus = directory, blas_threads, num_cpus
         self.actors: list = []
-        self._round: dict = {}  # the calls of the round being collected
-        self._pings: dict = {}  # a ping (``info``) of each cell that answered, while the others may wait for it
+        self.conns: list[Connection | None] = [None] * len(self.cells)
+        self._serving: dict = {}  # each actor's ``serve`` call, by its reference
 
     def _options(self, ray) -> list[dict]:
-        """Every cell's actor options: its CPUs, its node, no restarts, its threads."""
+        """Every cell's actor options: its CPUs, its node, no restarts."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         n = len(self.cells)
@@ -124,7 +141,7 @@ class RayGrid(CellGrid):
         slots = ray_slots(ray.nodes())
         by_name = {name: node for name, node, _ in slots}
         nodes = {node for _, node, _ in slots}
-        common = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": _CONCURRENCY}
+        common = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0}
         if all(spec.name in by_name for spec in self.cells):
             return [dict(common, scheduling_strategy=NodeAffinitySchedulingStrategy(by_name[spec.name], soft=False))
                     for spec in self.cells]
@@ -135,7 +152,7 @@ class RayGrid(CellGrid):
 
     def start(self) -> None:
         ray = _import_ray()
-        job = self.job
+        job, n = self.job, len(self.cells)
         remote = ray.remote(RayCell)
         env = forwarded_env()
         data = None if self.directory is not None else job.open_data()
@@ -144,91 +161,86 @@ class RayGrid(CellGrid):
             rows = None if data is None else shipped_rows(spec, part, data)
             self.actors.append(remote.options(**options).remote(spec, part, self.directory, rows, self.blas_threads,
                                                                  env))
-        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
-        d, m = self.shape
-        self.collect({i: self.call(i, "connect", {t: self.actors[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
-                      for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
-
-    def shared(self, payload):
-        """Put in the object store once, for every cell it goes to."""
-        return _import_ray().put(payload)
-
-    def call(self, i: int, method: str, *args):
-        return getattr(self.actors[i], method).remote(*args)
-
-    def collect(self, calls: dict, when: str, timeout_s: float | None) -> list:
-        self._round, self._pings = calls, {}
+        authkey = os.urandom(32)
+        listener = Listener((ray.util.get_node_ip_address(), 0), authkey=authkey)
         try:
-            return super().collect(calls, when, timeout_s)
+            self._serving = {a.serve.remote(listener.address, authkey, self.shape[0]): i
+                             for i, a in enumerate(self.actors)}
+            addresses = self._accept(listener, n)
         finally:
-            self._round = {}
+            listener.close()
+        for c in self.conns:
+            c.send(addresses)
+        self.collect(dict.fromkeys(range(n)), "while starting", self.startup_timeout_s)
+        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
 
-    def poll(self, calls: dict, wait_s: float, when: str) -> list:
-        ray = _import_ray()
-        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+    def _accept(self, listener: Listener, n: int) -> list:
+        """Every cell's connection (``conns``) and listening address, by cell; FitError naming a
+        cell whose actor ended first (its constructor raised: its rows, say), or those that
+        did not connect within the startup timeout."""
+        got: dict[int, tuple] = {}
 
-        index = {ref: i for i, ref in calls.items()}
-        ready, pending = ray.wait(list(index), num_returns=len(index), timeout=wait_s)
-        if pending and not ready and len(pending) < len(self._round):
-            self._ping([i for i in self._round if i not in calls], when)
-        out = []
-        for ref in ready:
-            i = index[ref]
+        def accept():
             try:
-                out.append((i, ray.get(ref)))
-            except RayActorError as e:
-                report = getattr(e, "error_msg", None) or str(e)
-                if "creation task" in report:  # its constructor raised: opening its rows, say
-                    out.append((i, Failed(last_exception_line(report, "its actor's constructor raised"), f"Ray's report:\n{report}")))
-                else:
-                    out.append((i, Died("died", f"Ray: {type(e).__name__}", f"Ray's report:\n{report.rstrip()}")))
-            except (RayTaskError, GetTimeoutError, RayError) as e:
-                summary, _ = describe_error(getattr(e, "cause", None) or e)  # the cell's own, inside Ray's
-                out.append((i, Failed(summary, str(e))))
-        return out
+                for _ in range(n):
+                    conn = no_delay(listener.accept())
+                    i, address = conn.recv()
+                    self.conns[i] = conn
+                    got[i] = address
+            except (OSError, EOFError):
+                pass
 
-    def _ping(self, answered: list[int], when: str) -> None:
-        """Names a cell of ``answered`` (they answered this round's call) whose actor died
-        since: the others may wait for a message it was to push (a partial sum of its column,
-        say), and Ray tells of a dead actor only to its callers. One new ping per cell once
-        the last came back."""
+        threading.Thread(target=accept, daemon=True, name="emgrid-ray-accept").start()
+        deadline = perf_counter() + self.startup_timeout_s
+        while len(got) < n:
+            ended = self._ended_early()
+            if ended is not None:
+                raise ended
+            if perf_counter() > deadline:
+                missing = [i for i in range(n) if i not in got]
+                raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
+                               f"{', '.join(self.who(i) for i in missing)}: Ray did not start its actor(s)")
+        return [got[i] for i in range(n)]
+
+    def _ended_early(self) -> FitError | None:
+        """The FitError of a cell whose ``serve`` call ended while the cells started, if any:
+        its constructor raised (opening its rows, say), its process died, or it failed."""
         ray = _import_ray()
         from ray.exceptions import RayActorError
 
-        for i in answered:
-            ref = self._pings.get(i)
-            if ref is not None:
-                done, _ = ray.wait([ref], timeout=0)
-                if not done:
-                    continue
-                try:
-                    ray.get(ref)
-                except RayActorError as e:
-                    err = WorkerLost(f"{self.who(i)} died {when} (Ray: {type(e).__name__})", i, self.cells[i].name)
-                    err.add_note(f"Ray's report:\n{(getattr(e, 'error_msg', None) or str(e)).rstrip()}")
-                    raise err from None
-                except Exception:  # noqa: BLE001 - not a death: the cell's own calls name its errors
-                    pass
-            self._pings[i] = self.actors[i].info.remote()
-
-    def waits(self, cells: list[int]) -> dict[int, str]:
-        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
-        ray = _import_ray()
-        if not self.actors:
-            return {}
-        asked = {self.actors[i].waits_for.remote(): i for i in cells}
-        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=1.0)
-        out = {}
-        for ref in ready:
+        done, _ = ray.wait(list(self._serving), num_returns=1, timeout=0.05)
+        for ref in done:
+            i, when = self._serving[ref], "while starting"
             try:
-                out[asked[ref]] = ray.get(ref)
-            except Exception:  # noqa: BLE001 - no answer: it counts as stuck
-                pass
-        return out
+                ray.get(ref)
+                return FitError(f"{self.who(i)} ended {when}")
+            except RayActorError as e:
+                report = (getattr(e, "error_msg", None) or str(e)).rstrip()
+                if "creation task" not in report:
+                    err = WorkerLost(f"{self.who(i)} died {when} (Ray: {type(e).__name__})", i, self.cells[i].name)
+                    err.add_note(f"Ray's report:\n{report}")
+                    return err
+                err = FitError(f"{self.who(i)} failed {when}: {last_exception_line(report, 'its constructor raised')}")
+            except Exception as e:  # noqa: BLE001 - the cell's own error, inside Ray's
+                report = str(e)
+                err = FitError(f"{self.who(i)} failed {when}: {describe_error(getattr(e, 'cause', None) or e)[0]}")
+            err.add_note(f"Ray's report:\n{report}")
+            return err
+        return None
+
+    def ended(self, i: int) -> str:
+        return "died"
 
     def close(self, failed: bool = False) -> None:
-        """Kills every cell's actor (its process goes with it)."""
+        """Asks the cells to stop (after a fit that ended well), then kills every cell's
+        actor (its process goes with it)."""
         ray = _import_ray()
+        if not failed:
+            self.ask_to_stop()
+        for c in self.conns:
+            if c is not None:
+                c.close()
+        self.conns = [None] * len(self.cells)
         for a in self.actors:
             try:
                 ray.kill(a, no_restart=True)

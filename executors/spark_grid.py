@@ -49,13 +49,13 @@ from emgrid.planner.resources import Resources, spark_slots
 
 from .actors import forwarded_env, last_exception_line, shipped_rows
 from .cellgrid import GridExecutor, describe_error
-from .conns import ConnGrid
+from .conns import ConnGrid, no_delay
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
 from .spark_data import SparkFrame, is_spark_frame
 from .spark_session import import_spark, is_local, start_session, stop_session
-from .spark_task import cell_task, no_delay
+from .spark_task import cell_task
 from .threads import DEFAULT_BLAS_THREADS
 from .warden import pid_alive
 

@@ -6,27 +6,12 @@ is (:func:`executors.conns.serve`).
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import threading
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client
 
 from .cell import Cell
-from .conns import serve
+from .conns import link_cells, no_delay, serve
 from .spark_data import cell_rows
-
-
-def no_delay(conn: Connection) -> Connection:
-    """``conn`` (a TCP connection) with Nagle's algorithm off: a message's header and its
-    body are two writes, which Nagle would hold back for the peer's delayed ACK (40 ms)."""
-    import socket
-
-    s = socket.socket(fileno=os.dup(conn.fileno()))
-    try:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    finally:
-        s.close()
-    return conn
 
 
 def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, reader, directory, blas_threads, env):
@@ -58,7 +43,7 @@ def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, read
             else:
                 rows = None
             cell = Cell(spec, part, directory if source == "directory" else None, rows, blas_threads, env)
-            return cell, _link(ctx, i, spec, d, m, host, authkey)
+            return cell, link_cells(lambda mine: _all_gather(ctx, mine), i, spec, d, host, authkey)
 
         serve(make_cell, d, control)
         control.close()
@@ -67,38 +52,6 @@ def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, read
     return run
 
 
-def _link(ctx, i: int, spec, d: int, m: int, host: str, authkey: bytes) -> dict[tuple[int, int], Connection]:
-    """The task's connections to the cells it sends to: it listens, the tasks exchange their
-    addresses (``allGather``), each connects to the cells after it in grid order and accepts
-    those before it (on a thread, while it connects)."""
-    targets = Cell.targets(spec, d)
-    listener = Listener((host, 0), authkey=authkey)
-    try:
-        addresses = [tuple(json.loads(a)) for a in ctx.allGather(json.dumps(list(listener.address)))]
-        links: dict[tuple[int, int], Connection] = {}
-        before = [t for t in targets if t[0] * m + t[1] < i]
-        failure: list[BaseException] = []
-
-        def accept():
-            try:
-                for _ in before:
-                    conn = no_delay(listener.accept())
-                    j = conn.recv()
-                    links[(j // m, j % m)] = conn
-            except BaseException as e:  # noqa: BLE001 - raised on the task's thread
-                failure.append(e)
-
-        acceptor = threading.Thread(target=accept, daemon=True, name=f"emgrid-{spec.name}-accept")
-        acceptor.start()
-        for t in targets:
-            j = t[0] * m + t[1]
-            if j > i:
-                conn = no_delay(Client(addresses[j], authkey=authkey))
-                conn.send(i)
-                links[t] = conn
-        acceptor.join()
-        if failure:
-            raise failure[0]
-        return links
-    finally:
-        listener.close()
+def _all_gather(ctx, address) -> list:
+    """Every task's listening address, by task, through the barrier (``allGather``)."""
+    return [tuple(json.loads(a)) for a in ctx.allGather(json.dumps(list(address)))]
