@@ -25,6 +25,9 @@ import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener, wait
+from time import perf_counter
+
+from emgrid.models.errors import FitError
 
 from .cell import Cell, PeerLost
 from .cellgrid import CellGrid, Died, Failed, Lost, describe_error, join_raw, split_raw
@@ -77,6 +80,20 @@ def no_delay(conn: Connection) -> Connection:
     return conn
 
 
+def hang_up(conn: Connection) -> None:
+    """Shuts a TCP connection down, then closes it: a thread blocked reading it gets its end of
+    file (closing alone does not wake it)."""
+    try:
+        s = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        finally:
+            s.close()
+    except OSError:
+        pass  # closed already, or the peer went first
+    conn.close()
+
+
 def link_cells(gather: Callable[[tuple], list], i: int, spec, d: int, host: str,
                authkey: bytes) -> dict[tuple[int, int], Connection]:
     """Cell ``i``'s TCP connections to the cells it sends to: it listens on ``host``, the cells
@@ -115,6 +132,30 @@ def link_cells(gather: Callable[[tuple], list], i: int, spec, d: int, host: str,
         return links
     finally:
         listener.close()
+
+
+def serve_relayed(cell: Cell, coordinator, authkey: bytes, d: int, host: str) -> None:
+    """A cell already built, served over TCP for the whole fit (an actor's one long call: Ray's,
+    Dask's): it connects to the coordinator, gets every cell's address through it (the relay
+    of :meth:`ConnGrid.accept_relayed`), links to the cells it meets (:func:`link_cells`,
+    listening on ``host``) and serves until told to stop."""
+    spec = cell.spec
+    control = no_delay(Client(coordinator, authkey=authkey))
+    links: dict[tuple[int, int], Connection] = {}
+
+    def gather(address):
+        control.send((spec.index, address))
+        return control.recv()
+
+    def make_cell():
+        links.update(link_cells(gather, spec.index, spec, d, host, authkey))
+        return cell, links
+
+    try:
+        serve(make_cell, d, control)
+    finally:  # the process lives on (a Dask worker): its reader threads end with their links
+        for conn in (control, *links.values()):
+            hang_up(conn)
 
 
 class ConnLink:
@@ -157,6 +198,38 @@ class ConnGrid(CellGrid):
         """What becomes ready when cell ``i`` ends beside its connection (a process's
         sentinel), or None."""
         return None
+
+    def accept_relayed(self, listener: Listener, ended_early: Callable[[], BaseException | None], engine: str) -> None:
+        """The coordinator's side of :func:`serve_relayed`: accepts every cell's connection
+        (``conns``) on ``listener`` and relays every cell's address to all; raises what
+        ``ended_early`` returns (a cell whose engine call ended while the cells started), or
+        a FitError naming those that did not connect within the startup timeout."""
+        n = len(self.cells)
+        got: dict[int, tuple] = {}
+
+        def accept():
+            try:
+                for _ in range(n):
+                    conn = no_delay(listener.accept())
+                    i, address = conn.recv()
+                    self.conns[i] = conn
+                    got[i] = address
+            except (OSError, EOFError):
+                pass
+
+        threading.Thread(target=accept, daemon=True, name="emgrid-accept").start()
+        deadline = perf_counter() + self.startup_timeout_s
+        while len(got) < n:
+            ended = ended_early()
+            if ended is not None:
+                raise ended
+            if perf_counter() > deadline:
+                missing = [i for i in range(n) if i not in got]
+                raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
+                               f"{', '.join(self.who(i) for i in missing)}: {engine} did not start their call")
+        addresses = [got[i] for i in range(n)]
+        for c in self.conns:
+            c.send(addresses)
 
     def ask_to_stop(self) -> None:
         """Tells every cell still connected to stop (it returns from :func:`serve`)."""

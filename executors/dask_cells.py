@@ -11,6 +11,7 @@ import threading
 from contextlib import contextmanager
 
 from .cell import Cell
+from .conns import serve_relayed
 
 #: Loggers kept quiet while a fit runs on a cluster the executor started: distributed's
 #: ("Compute Failed" with the cell's traceback, before emgrid's own line) and tornado's
@@ -53,87 +54,40 @@ class Shipped:
 
 
 class DaskCell:
-    """The Dask actor of one cell (:class:`executors.cell.Cell`), with a thread of its own
-    per call that may wait.
-
-    The coordinator calls ``info``, ``connect``, ``waits_for``, ``abort`` and ``close`` with
-    ``separate_thread=False``, and the cells call each other's ``deliver`` so (they run on
-    the worker's event loop, briefly); ``load``, ``run``, ``update`` and ``owned`` are
-    coroutines that run the cell's method on a thread of the cell's, so the worker's one actor
-    thread, shared by the actors of its process, is never held, and deliveries are taken
-    while the cell waits.
-    """
+    """The Dask actor of one cell: it builds the :class:`executors.cell.Cell` (its rows mapped
+    or shipped with the constructor), then :meth:`serve` serves it over sockets for the whole
+    fit (:func:`executors.conns.serve_relayed`), on a thread of its own so that the worker's
+    actor thread, shared by the actors of its process, is never held. ``info``,
+    ``waits_for``, ``abort`` and ``close`` run on the worker's event loop
+    (``separate_thread=False``): they reach a cell while it waits for a peer."""
 
     def __init__(self, spec, model, directory, rows, blas_threads, env):
         data = rows.data if isinstance(rows, Shipped) else rows
         self.cell = Cell(spec, model, directory, data, blas_threads, env)
-        self.thread_name = f"emgrid-{spec.name}"
-        self.peers: dict | None = None
 
     def info(self) -> dict:
         return self.cell.info()
 
-    def connect(self, peers: dict, replicas: int) -> None:
-        """``peers``: ``(replica, shard)`` -> ``(worker address, actor key)`` of every cell
-        this one sends to (:meth:`Cell.targets`). Called on the worker's event loop, where
-        the worker is known; the proxies are made on the cell's thread at its first send,
-        bound to this worker (and to no client, so they hold no reference to the peers'
-        actors)."""
-        from distributed import get_worker
-
-        worker = get_worker()
-        self.peers = {}
-
-        def send(target, key, payload, extra):
-            proxy = self.peers.get(target)
-            if proxy is None:
-                from distributed.actor import Actor
-
-                proxy = self.peers[target] = Actor(DaskCell, *peers[target], worker=worker)
-            proxy.deliver(key, payload, extra, separate_thread=False)
-
-        self.cell.connect(send, replicas)
-
-    def deliver(self, key, payload, extra) -> None:
-        self.cell.deliver(key, payload, extra)
-
-    async def _threaded(self, method, *args):
-        """``method(*args)`` on a daemon thread of the cell's own (a hung one does not hold
+    async def serve(self, coordinator, authkey: bytes, d: int, host: str) -> None:
+        """:func:`executors.conns.serve_relayed` on a daemon thread (a hung one does not hold
         its process at exit), awaited on the worker's event loop."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
-        def settle(result, error):
+        def settle(error):
             if not done.cancelled():
-                if error is None:
-                    done.set_result(result)
-                else:
-                    done.set_exception(error)
+                done.set_result(None) if error is None else done.set_exception(error)
 
         def run():
             try:
-                result, error = method(*args), None
+                serve_relayed(self.cell, coordinator, authkey, d, host)
+                error = None
             except BaseException as e:  # noqa: BLE001 - carried to the coordinator
-                result, error = None, e
-            loop.call_soon_threadsafe(settle, result, error)
+                error = e
+            loop.call_soon_threadsafe(settle, error)
 
-        threading.Thread(target=run, name=self.thread_name, daemon=True).start()
+        threading.Thread(target=run, name=f"emgrid-{self.cell.spec.name}", daemon=True).start()
         return await done
-
-    async def load(self, payload: bytes, regularization) -> None:
-        return await self._threaded(self.cell.load, payload, regularization)
-
-    async def run(self, iteration: int):
-        return await self._threaded(self.cell.run, iteration)
-
-    async def update(self, iteration: int, skeleton: bytes) -> None:
-        return await self._threaded(self.cell.update, iteration, skeleton)
-
-    async def update_and_run(self, previous: int, skeleton: bytes, iteration: int):
-        return await self._threaded(self.cell.update_and_run, previous, skeleton, iteration)
-
-    async def owned(self) -> dict:
-        return await self._threaded(self.cell.owned)
 
     def waits_for(self) -> str:
         return self.cell.waits_for()
@@ -143,4 +97,3 @@ class DaskCell:
 
     def close(self) -> None:
         self.cell.close()
-        self.peers = None

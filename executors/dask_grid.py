@@ -34,25 +34,27 @@ import logging
 import os
 import uuid
 from contextlib import ExitStack, nullcontext
+from multiprocessing.connection import Connection, Listener
 from time import perf_counter, sleep
 from typing import ClassVar
+from urllib.parse import urlparse
 
 from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, dask_slots
 
 from . import dask_cells
 from .actors import forwarded_env, import_extra, shipped_rows
-from .cell import Cell
 from .dask_cells import DaskCell, Shipped, quiet_logs
-from .cellgrid import CellGrid, Died, Failed, GridExecutor, WorkerLost, describe_error
+from .cellgrid import GridExecutor, WorkerLost, describe_error
+from .conns import ConnGrid, hang_up
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
 from .threads import DEFAULT_BLAS_THREADS, thread_env
 
-#: Seconds between two looks at the scheduler's list of workers while a step runs.
-_LIVENESS_S = 0.5
+#: Longest wait for the scheduler to drop a worker whose cell's connection ended.
+_SCHEDULER_NOTICES_S = 5.0
 #: What a call to an actor whose worker is gone raises (``distributed.actor``).
 _UNREACHABLE = "Unable to contact Actor's worker"
 
@@ -82,11 +84,9 @@ async def _end_process() -> None:
     os._exit(70)
 
 
-class DaskGrid(CellGrid):
-    """The coordinator's side: one actor per cell, on a ``distributed.Client``."""
-
-    #: The cell's methods that run on the worker's event loop (the others are coroutines).
-    _INLINE = ("info", "connect", "waits_for", "abort", "close")
+class DaskGrid(ConnGrid):
+    """The coordinator's side: one actor per cell on a ``distributed.Client``, each serving its
+    cell over a socket to this process and to the cells it meets."""
 
     def __init__(self, client, job: FitJob, directory: str | None, timeout_s: float | None,
                  startup_timeout_s: float, blas_threads: int | None, own_cluster: bool = False):
@@ -95,9 +95,9 @@ class DaskGrid(CellGrid):
         self.own_cluster = own_cluster  # the cluster goes with the fit: its busy workers need no ending
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
+        self.serving: list = []  # each actor's ``serve`` call, done when its cell stops
         self.addresses: list[str] = []
-        self.calls: dict = {}  # the calls of the round in flight, unanswered when it failed
-        self._checked = 0.0
+        self.conns: list[Connection | None] = [None] * len(self.cells)
 
     # ------------------------------------------------------------ naming and liveness
     def where(self, i: int) -> str:
@@ -107,19 +107,19 @@ class DaskGrid(CellGrid):
     def _live_workers(self) -> set[str]:
         return set(self.client.scheduler_info(n_workers=-1)["workers"])
 
-    def _check_alive(self, when: str) -> None:
-        """Raises FitError naming the first cell whose actor or worker is gone."""
-        for i, f in enumerate(self.futures):
-            if f.status in ("lost", "cancelled"):
-                raise WorkerLost(f"{self.who(i)} died {when} (its actor was lost)", i, self.cells[i].name)
-        now = perf_counter()
-        if now - self._checked >= _LIVENESS_S:
-            self._checked = now
-            live = self._live_workers()
-            for i, a in enumerate(self.addresses):
-                if a not in live:
-                    raise WorkerLost(f"{self.who(i)} died {when} (the scheduler lost its worker)", i,
-                                     self.cells[i].name)
+    def ended(self, i: int) -> str:
+        """A cell whose connection ended died with its worker: waits (a few seconds at most)
+        until the scheduler no longer lists that worker, so that a re-plan is not placed on it
+        (its socket tells of the death before the scheduler has noticed)."""
+        deadline = perf_counter() + _SCHEDULER_NOTICES_S
+        while perf_counter() < deadline:
+            try:
+                if self.addresses[i] not in self._live_workers():
+                    break
+            except Exception:  # noqa: BLE001 - the scheduler is unreachable: nothing to wait for
+                break
+            sleep(0.05)
+        return "died"
 
     def resources_now(self) -> Resources:
         return Resources.from_dask(self.client)
@@ -149,81 +149,106 @@ class DaskGrid(CellGrid):
             self.futures.append(client.submit(DaskCell, spec, part, self.directory, rows, self.blas_threads, env,
                                               actor=True, workers=[address], allow_other_workers=False, pure=False,
                                               key=f"emgrid-{spec.name}-{token}"))
-        self.collect(dict(enumerate(self.futures)), "while starting", self.startup_timeout_s)
-        self.actors = [f.result() for f in self.futures]
-        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
-        d, m = self.shape
-        where = [(address, f.key) for address, f in zip(self.addresses, self.futures)]
-        self.collect({i: self.call(i, "connect", {t: where[t[0] * m + t[1]] for t in Cell.targets(s, d)}, d)
-                      for i, s in enumerate(self.cells)}, "while starting", self.startup_timeout_s)
-
-    # ------------------------------------------------------------ calls and answers
-    def call(self, i: int, method: str, *args):
-        if method in self._INLINE:
-            return getattr(self.actors[i], method)(*args, separate_thread=False)
-        return getattr(self.actors[i], method)(*args)
-
-    def collect(self, calls: dict, when: str, timeout_s: float | None) -> list:
-        self.calls = calls
-        out = super().collect(calls, when, timeout_s)
-        self.calls = {}
-        return out
-
-    def poll(self, calls: dict, wait_s: float, when: str) -> list:
-        out = []
-        for i, call in calls.items():
-            if call.done():
-                try:
-                    out.append((i, call.result()))
-                except Exception as e:  # noqa: BLE001 - the cell's own error, or its death, named
-                    if isinstance(e, OSError) and str(e) == _UNREACHABLE:
-                        out.append((i, Died("died", "its worker cannot be reached")))
-                    else:
-                        out.append((i, Failed(*describe_error(e))))
-        if out:
-            return out
-        self._check_alive(when)
+        self.actors = self._built()
+        authkey = os.urandom(32)
+        listener = Listener((_reachable_host(client), 0), authkey=authkey)
         try:
-            calls[min(calls)].result(timeout=min(wait_s, 0.05))
-        except Exception:  # noqa: BLE001 - a timeout, or its error, read on the next pass
-            pass
-        return []
+            d = self.shape[0]
+            self.serving = [a.serve(listener.address, authkey, d, urlparse(address).hostname)
+                            for a, address in zip(self.actors, self.addresses)]
+            self.accept_relayed(listener, self._ended_early, "Dask")
+        finally:
+            listener.close()
+        self.collect(dict.fromkeys(range(len(self.cells))), "while starting", self.startup_timeout_s)
+        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
+
+    def _built(self) -> list:
+        """Every cell's actor once its constructor ran; FitError naming a cell whose
+        constructor raised (opening its rows, say) or that was not built within the startup
+        timeout."""
+        deadline = perf_counter() + self.startup_timeout_s
+        for i, f in enumerate(self.futures):
+            try:
+                f.result(timeout=max(0.0, deadline - perf_counter()))
+            except Exception as e:  # noqa: BLE001 - named below
+                when = "while starting"
+                if type(e).__name__ == "TimeoutError" and perf_counter() >= deadline:
+                    raise FitError(f"no answer within {self.startup_timeout_s:g} s {when} from {self.who(i)}") from None
+                summary, trace = describe_error(e)
+                err = FitError(f"{self.who(i)} failed {when}: {summary}")
+                err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
+                raise err from None
+        return [f.result() for f in self.futures]
+
+    def _ended_early(self) -> BaseException | None:
+        """The FitError of a cell whose ``serve`` call ended while the cells started, if any."""
+        sleep(0.05)
+        for i, f in enumerate(self.serving):
+            if f.done():
+                try:
+                    f.result()
+                    return FitError(f"{self.who(i)} ended while starting")
+                except Exception as e:  # noqa: BLE001 - its error, or its worker's death
+                    if isinstance(e, OSError) and str(e) == _UNREACHABLE:
+                        return WorkerLost(f"{self.who(i)} died while starting (its worker cannot be reached)", i,
+                                          self.cells[i].name)
+                    summary, trace = describe_error(e)
+                    err = FitError(f"{self.who(i)} failed while starting: {summary}")
+                    err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
+                    return err
+        return None
 
     def waits(self, cells: list[int]) -> dict[int, str]:
-        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
-        if not self.actors:
-            return {}
-        asked = {i: self.actors[i].waits_for(separate_thread=False) for i in cells}
+        """What each of ``cells`` waits for (:meth:`Cell.waits_for`, asked of its actor while
+        its cell's thread waits), at most a second for all."""
+        asked = {i: self.actors[i].waits_for(separate_thread=False) for i in cells if i < len(self.actors)}
+        deadline = perf_counter() + 1.0
         out = {}
         for i, f in asked.items():
             try:
-                out[i] = f.result(timeout=1.0)
+                out[i] = f.result(timeout=max(0.0, deadline - perf_counter()))
             except Exception:  # noqa: BLE001 - no answer: it counts as stuck
                 pass
         return out
 
     # ------------------------------------------------------------ the end
+    def _hang_up(self) -> None:
+        for c in self.conns:
+            if c is not None:
+                hang_up(c)
+        self.conns = [None] * len(self.cells)
+
     def close(self, failed: bool = False) -> None:
-        """Aborts and releases every cell; ends the worker processes of cells still running a
-        step (after a hang: a Python thread cannot be stopped otherwise; their nannies start
-        new ones), unless the cluster goes away anyway."""
+        """Stops every cell (after a failure: aborts it, so that one waiting for a peer ends)
+        and releases its actor; ends the worker processes of cells still running a step
+        (after a hang: a Python thread cannot be stopped otherwise; their nannies start new
+        ones), unless the cluster goes away anyway."""
+        if not failed:
+            self.ask_to_stop()
+        else:  # a cell waiting for a peer is aborted; one waiting for a call sees its end of file
+            for a in self.actors:
+                try:
+                    a.abort(separate_thread=False)
+                except Exception:  # noqa: BLE001 - its worker is gone
+                    pass
+            self._hang_up()
+        deadline = perf_counter() + (5.0 if not failed else 2.0)
+        while any(not f.done() for f in self.serving) and perf_counter() < deadline:
+            sleep(0.02)
+        busy = {self.addresses[i] for i, f in enumerate(self.serving) if not f.done()}
+        self._hang_up()
         closing = []
         for a in self.actors:
             try:
                 closing.append(a.close(separate_thread=False))
             except Exception:  # noqa: BLE001 - its worker is gone
                 pass
-        deadline = perf_counter() + 5.0
         for c in closing:
             try:
-                c.result(timeout=max(0.1, deadline - perf_counter()))
+                c.result(timeout=1.0)
             except Exception:  # noqa: BLE001 - best effort: a dead worker cannot close
                 pass
-        deadline = perf_counter() + 1.0  # aborted, the calls that waited for a peer end now
-        while any(not c.done() for c in self.calls.values()) and perf_counter() < deadline:
-            sleep(0.02)
-        busy = {self.addresses[i] for i, c in self.calls.items() if not c.done()}
-        self.actors, self.calls = [], {}
+        self.actors, self.serving = [], []
         if self.futures:
             try:
                 self.client.cancel(self.futures, force=True)
@@ -237,6 +262,17 @@ class DaskGrid(CellGrid):
                     self.client.run(_end_process, workers=live, wait=False)
                 except Exception:  # noqa: BLE001 - best effort after a failed fit
                     pass
+
+
+def _reachable_host(client) -> str:
+    """This process's address as the cluster's workers reach it: loopback for a scheduler on
+    loopback, else the address this machine uses towards the scheduler."""
+    host = urlparse(client.scheduler.address).hostname or "127.0.0.1"
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    from distributed.utils import get_ip
+
+    return get_ip(host)
 
 
 class DaskExecutor(GridExecutor):

@@ -32,9 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
-from multiprocessing.connection import Client, Connection, Listener
-from time import perf_counter
+from multiprocessing.connection import Connection, Listener
 from typing import ClassVar
 
 from emgrid.models.errors import FitError
@@ -44,7 +42,7 @@ from emgrid.planner.resources import Resources, ray_slots
 from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
 from .cell import Cell
 from .cellgrid import GridExecutor, WorkerLost, describe_error
-from .conns import ConnGrid, link_cells, no_delay, serve
+from .conns import ConnGrid, serve_relayed
 from .datafiles import NpyDataset
 from .protocol import FitJob
 from .result import FitResult
@@ -101,20 +99,13 @@ class RayCell:
     def __init__(self, spec, part, directory, rows, blas_threads, env):
         self.cell = Cell(spec, part, directory, rows, blas_threads, env)
 
+    def waits_for(self) -> str:
+        """What the cell waits for (asked on the actor's second thread while it serves)."""
+        return self.cell.waits_for()
+
     def serve(self, coordinator, authkey: bytes, d: int) -> None:
-        """Connects to the coordinator, gets every cell's address through it, links to the
-        cells it meets (:func:`executors.conns.link_cells`) and serves until told to stop."""
-        ray = _import_ray()
-        spec = self.cell.spec
-        host = ray.util.get_node_ip_address()
-        control = no_delay(Client(coordinator, authkey=authkey))
-
-        def gather(address):
-            control.send((spec.index, address))
-            return control.recv()
-
-        serve(lambda: (self.cell, link_cells(gather, spec.index, spec, d, host, authkey)), d, control)
-        control.close()
+        """Serves the cell until the fit ends (:func:`executors.conns.serve_relayed`)."""
+        serve_relayed(self.cell, coordinator, authkey, d, _import_ray().util.get_node_ip_address())
 
 
 class RayGrid(ConnGrid):
@@ -141,7 +132,8 @@ class RayGrid(ConnGrid):
         slots = ray_slots(ray.nodes())
         by_name = {name: node for name, node, _ in slots}
         nodes = {node for _, node, _ in slots}
-        common = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0}
+        # two threads: ``serve`` for the whole fit, and ``waits_for`` when the coordinator asks
+        common = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
         if all(spec.name in by_name for spec in self.cells):
             return [dict(common, scheduling_strategy=NodeAffinitySchedulingStrategy(by_name[spec.name], soft=False))
                     for spec in self.cells]
@@ -166,41 +158,11 @@ class RayGrid(ConnGrid):
         try:
             self._serving = {a.serve.remote(listener.address, authkey, self.shape[0]): i
                              for i, a in enumerate(self.actors)}
-            addresses = self._accept(listener, n)
+            self.accept_relayed(listener, self._ended_early, "Ray")
         finally:
             listener.close()
-        for c in self.conns:
-            c.send(addresses)
         self.collect(dict.fromkeys(range(n)), "while starting", self.startup_timeout_s)
         self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
-
-    def _accept(self, listener: Listener, n: int) -> list:
-        """Every cell's connection (``conns``) and listening address, by cell; FitError naming a
-        cell whose actor ended first (its constructor raised: its rows, say), or those that
-        did not connect within the startup timeout."""
-        got: dict[int, tuple] = {}
-
-        def accept():
-            try:
-                for _ in range(n):
-                    conn = no_delay(listener.accept())
-                    i, address = conn.recv()
-                    self.conns[i] = conn
-                    got[i] = address
-            except (OSError, EOFError):
-                pass
-
-        threading.Thread(target=accept, daemon=True, name="emgrid-ray-accept").start()
-        deadline = perf_counter() + self.startup_timeout_s
-        while len(got) < n:
-            ended = self._ended_early()
-            if ended is not None:
-                raise ended
-            if perf_counter() > deadline:
-                missing = [i for i in range(n) if i not in got]
-                raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
-                               f"{', '.join(self.who(i) for i in missing)}: Ray did not start its actor(s)")
-        return [got[i] for i in range(n)]
 
     def _ended_early(self) -> FitError | None:
         """The FitError of a cell whose ``serve`` call ended while the cells started, if any:
@@ -230,6 +192,19 @@ class RayGrid(ConnGrid):
 
     def ended(self, i: int) -> str:
         return "died"
+
+    def waits(self, cells: list[int]) -> dict[int, str]:
+        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
+        ray = _import_ray()
+        asked = {self.actors[i].waits_for.remote(): i for i in cells if i < len(self.actors)}
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=1.0) if asked else ([], [])
+        out = {}
+        for ref in ready:
+            try:
+                out[asked[ref]] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - no answer: it counts as stuck
+                pass
+        return out
 
     def close(self, failed: bool = False) -> None:
         """Asks the cells to stop (after a fit that ended well), then kills every cell's
