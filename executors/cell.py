@@ -250,12 +250,6 @@ class Cell:
             self.part.apply(new)
         self.received_s += perf_counter() - t0
 
-    def update_and_run(self, previous: int, skeleton, iteration: int) -> tuple[ShareReport, bytes | None, int]:
-        """:meth:`update` after iteration ``previous``, then :meth:`run` of ``iteration``: one
-        call of the coordinator's instead of two, for transports that await each call."""
-        self.update(previous, skeleton)
-        return self.run(iteration)
-
     def owned(self) -> dict[str, Node]:
         """The shard's current subtrees (asked of a head)."""
         return self.part.owned()

@@ -133,9 +133,7 @@ class CellGrid:
 
     #: Whether calls to one cell are taken in the order they were made (pipes): then the model
     #: and the updates go without waiting for the cells, and an error in them is named by the
-    #: next step's answers. Otherwise (actor calls) an update rides with the next iteration's
-    #: ``run`` (``Cell.update_and_run``: one round of calls per iteration, not two), and goes
-    #: alone only when the model is fetched first.
+    #: next step's answers.
     ordered = False
 
     def __init__(self, job: FitJob, timeout_s: float | None, startup_timeout_s: float):
@@ -147,7 +145,6 @@ class CellGrid:
         self.shape = (job.plan.data_parallel, job.plan.model_parallel)
         self.iteration = 0
         self.pending_bytes = [0] * self.shape[1]  # each head's pickled new subtrees, as its last report said
-        self.deferred: tuple[int, object] | None = None  # an update not yet sent: (iteration, shared skeleton)
         self.infos: list[dict] = [{} for _ in self.cells]  # each cell's Cell.info, once it started
 
     # ------------------------------------------------------------ what a transport supplies
@@ -285,31 +282,16 @@ class CellGrid:
     def e_step(self, iteration: int) -> GridOutcome:
         self.iteration = iteration
         t0 = perf_counter()
-        if self.deferred is None:
-            got = self.call_all("run", (iteration,), f"in iteration {iteration}", self.timeout_s)
-        else:
-            (previous, blob), self.deferred = self.deferred, None
-            got = self.call_all("update_and_run", (previous, blob, iteration), f"in iteration {iteration}",
-                                self.timeout_s)
+        got = self.call_all("run", (iteration,), f"in iteration {iteration}", self.timeout_s)
         self.pending_bytes = [pending for _, _, pending in got[:self.shape[1]]]
         return outcome(got, self.shape, perf_counter() - t0)
 
     def update(self, skeleton, payload: bytes) -> int:
         it = self.iteration
-        if self.ordered:
-            self._each("update", (it, self.shared(payload)), f"in the update after iteration {it}")
-        else:
-            self.deferred = (it, self.shared(payload))
+        self._each("update", (it, self.shared(payload)), f"in the update after iteration {it}")
         return update_bytes(self.view, self.shape[0], len(payload), self.pending_bytes)
 
-    def send_update(self) -> None:
-        """The update held for the next ``run``, sent alone (the model is wanted now)."""
-        if self.deferred is not None:
-            (it, blob), self.deferred = self.deferred, None
-            self.call_all("update", (it, blob), f"in the update after iteration {it}", self.timeout_s)
-
     def fetch(self, shard: int) -> dict:
-        self.send_update()
         (owned,) = self.call_all("owned", (), f"while sending shard {shard}'s subtrees after iteration "
                                  f"{self.iteration}", self.timeout_s, cells=[shard])
         return owned
