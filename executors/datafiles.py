@@ -242,17 +242,14 @@ def rows_as(data: Data, dtype: str) -> Data:
     whole from a ``.npy`` file (:meth:`NpyDataset.open_rows`) is read from the file into the
     new type (:func:`_read_as`), so the mapped pages of the stored copy are never touched;
     others are cast (``models.data.with_dtype``)."""
-    if data is None or dtype == "float64":
-        return data
-    if isinstance(data, tuple):
-        return tuple(rows_as(c, dtype) for c in data)
-    if isinstance(data, Ragged):
-        return Ragged.unchecked(rows_as(data.values, dtype), data.offsets)
-    mapped = data.base
-    if (data.dtype.kind == "f" and data.dtype != np.dtype(dtype) and isinstance(mapped, np.memmap)
-            and mapped.shape == data.shape and mapped.filename is not None):
-        return _read_as(Path(mapped.filename), mapped.offset, data.shape, data.dtype, np.dtype(dtype))
-    return with_dtype(data, dtype)
+
+    def read(a: np.ndarray, dtype: str) -> np.ndarray:
+        mapped = a.base
+        if isinstance(mapped, np.memmap) and mapped.shape == a.shape and mapped.filename is not None:
+            return _read_as(Path(mapped.filename), mapped.offset, a.shape, a.dtype, np.dtype(dtype))
+        return a.astype(dtype)
+
+    return with_dtype(data, dtype, read)
 
 
 def _read_as(path: Path, offset: int, shape: tuple, stored: np.dtype, dtype: np.dtype) -> np.ndarray:

@@ -130,17 +130,20 @@ def check_dtype(dtype) -> str:
     return name
 
 
-def with_dtype(data: Data, dtype: str) -> Data:
+def with_dtype(data: Data, dtype: str, cast=None) -> Data:
     """``data`` with its float arrays in ``dtype`` (integer columns and offsets as they are);
-    the same objects where nothing changes, so float64 data in float64 costs nothing."""
+    the same objects where nothing changes, so float64 data in float64 costs nothing.
+    ``cast(array, dtype)`` converts one float array of another type (default ``astype``)."""
     if data is None or dtype == "float64":
         return data
     if isinstance(data, tuple):
-        return tuple(with_dtype(c, dtype) for c in data)
+        return tuple(with_dtype(c, dtype, cast) for c in data)
     if isinstance(data, Ragged):
-        return Ragged.unchecked(with_dtype(data.values, dtype), data.offsets)
+        return Ragged.unchecked(with_dtype(data.values, dtype, cast), data.offsets)
     data = np.asarray(data)
-    return data.astype(dtype) if data.dtype.kind == "f" and data.dtype != dtype else data
+    if data.dtype.kind != "f" or data.dtype == dtype:
+        return data
+    return data.astype(dtype) if cast is None else cast(data, dtype)
 
 
 def take_index(data: Data, index: np.ndarray) -> Data:
