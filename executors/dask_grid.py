@@ -172,7 +172,7 @@ class DaskGrid(ConnGrid):
                 f.result(timeout=max(0.0, deadline - perf_counter()))
             except Exception as e:  # noqa: BLE001 - named below
                 when = "while starting"
-                if type(e).__name__ == "TimeoutError" and perf_counter() >= deadline:
+                if isinstance(e, TimeoutError) and perf_counter() >= deadline:
                     raise FitError(f"no answer within {self.startup_timeout_s:g} s {when} from {self.who(i)}") from None
                 summary, trace = describe_error(e)
                 err = FitError(f"{self.who(i)} failed {when}: {summary}")

@@ -190,9 +190,6 @@ class RayGrid(ConnGrid):
             return err
         return None
 
-    def ended(self, i: int) -> str:
-        return "died"
-
     def waits(self, cells: list[int]) -> dict[int, str]:
         """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
         ray = _import_ray()

@@ -79,12 +79,11 @@ class _Expanded(NamedTuple):
     whiten: np.ndarray  # diagonal: precisions (K, d); full: stacked L' (K*d, d + 1)
 
 
-def _is_accurate(r2: float, p: _Expanded, F: np.ndarray, dtype=None) -> bool:
-    """Whether ``P @ F`` is within ``kernels.EXPANDED_MAX_ERROR`` of every log density of a
-    block whose rows have ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``), in
-    ``dtype`` (default: the feature block's)."""
-    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, F.shape[0] + p.slack,
-                                F.dtype if dtype is None else dtype)
+def _is_accurate(r2: float, p: _Expanded, n_features: int, dtype) -> bool:
+    """Whether ``P @ F`` of ``n_features`` rows, computed in ``dtype``, is within
+    ``kernels.EXPANDED_MAX_ERROR`` of every log density of a block whose rows have
+    ``|x - c|^2 <= r2`` (see ``kernels.expanded_is_accurate``)."""
+    return expanded_is_accurate(r2, p.lam, p.mc_norm, p.pconst, n_features + p.slack, dtype)
 
 
 def _in(a: np.ndarray, F: np.ndarray) -> np.ndarray:
@@ -349,7 +348,7 @@ class DiagGaussian(Leaf):
         p, F = work
         d = p.c.size
         r2 = float(F[d : 2 * d].sum(axis=0).max()) if F.shape[1] else 0.0  # squares are rows d..2d
-        if _is_accurate(r2, p, F):
+        if _is_accurate(r2, p, F.shape[0], F.dtype):
             return matmul_cols(_in(offset_matrix(p.P, 2 * d, offsets), F), F)
         # the direct form sum(prec * (xc - mc)^2), one component at a time, in one (d, n)
         # buffer (a new ``F[:d] - mc`` per component held two at once); ``batch_cost`` counts
@@ -544,7 +543,7 @@ class FullGaussian(Leaf):
             # the slower whitened form
             xc = np.empty((d, n), dtype=x.dtype)
             centered_t(x, p.c, xc)
-            accurate = _is_accurate(radius2(xc), p, np.empty((rows, 0)), x.dtype)
+            accurate = _is_accurate(radius2(xc), p, rows, x.dtype)
             F = np.empty((rows, n), dtype=x.dtype if accurate else np.float64)
             F[:d] = xc
             del xc
@@ -564,7 +563,7 @@ class FullGaussian(Leaf):
         """Log densities ``(K, n)``, plus ``offsets[k]`` when given (finite, per component)."""
         p, F = work
         d = p.c.size
-        if p.P is not None and _is_accurate(radius2(F[:d]), p, F):
+        if p.P is not None and _is_accurate(radius2(F[:d]), p, F.shape[0], F.dtype):
             return matmul_cols(_in(offset_matrix(p.P, d, offsets), F), F)
         out = cls._whitened_log_density(p, F[: d + 1])
         if offsets is not None:
