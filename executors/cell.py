@@ -47,7 +47,7 @@ from emgrid.models.regularize import Regularization
 
 from . import coupling
 from .datafiles import NpyDataset
-from .memory import PeakMeter, warm_up
+from .memory import PeakMeter, map_large_blocks, restore_allocator, warm_up
 from .mstep import Partial, ShardPart, column_reduce, report_payload
 from .step import PROTOCOL, ShareReport, WorkerSpec, WorkerStep
 from .threads import environment, probe
@@ -158,6 +158,7 @@ class Cell:
     def __init__(self, spec: WorkerSpec, model: Node, directory: str | None, rows: Data | None,
                  blas_threads: int | None = None, env: dict[str, str] | None = None):
         self.spec = spec
+        map_large_blocks()  # given back at close(): see executors.memory
         self._limits = None
         if blas_threads is not None:
             from threadpoolctl import threadpool_limits
@@ -217,9 +218,11 @@ class Cell:
         self.mailbox.abort(lost)
 
     def close(self) -> None:
-        """Aborts and gives back the BLAS limits (the cell's process may outlive it)."""
+        """Aborts and gives back the BLAS limits and the allocator's settings (the cell's
+        process may outlive it)."""
         self.abort()
         self.part = None
+        restore_allocator()
         if self._limits is not None:
             self._limits.restore_original_limits()
             self._limits = None

@@ -67,11 +67,16 @@ def local_cluster(n_workers: int, blas_threads: int | None, scratch: Scratch):
     """A ``LocalCluster`` for one fit: ``n_workers`` processes of one thread, everything on
     127.0.0.1 (the scheduler's HTTP endpoint, which it keeps without a dashboard, on a port
     of its own rather than 8787, which another cluster may hold), no dashboard, worker
-    folders in ``scratch``, and :func:`executors.dask_cells.dask_setup` run in every worker."""
+    folders in ``scratch``, and :func:`executors.dask_cells.dask_setup` run in every worker.
+    The workers' environment is given to them alone (``env``): a nanny sets its
+    ``pre-spawn-environ`` in this process's ``os.environ`` and leaves it there, so that the
+    caller's later processes would start with Dask's ``MALLOC_TRIM_THRESHOLD_`` and thread
+    limits; none is set."""
     distributed = _import_distributed()
     import dask
 
-    with dask.config.set({"temporary-directory": str(scratch.path)}):  # the scheduler's folder too
+    # the scheduler's folder in the scratch folder too
+    with dask.config.set({"temporary-directory": str(scratch.path), "distributed.nanny.pre-spawn-environ": {}}):
         return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                         host="127.0.0.1", dashboard_address=None, silence_logs=logging.CRITICAL,
                                         scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},

@@ -126,8 +126,13 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
-#: glibc's ``mallopt`` parameter for the size from which blocks are mapped on their own
-M_MMAP_THRESHOLD = -3
+#: glibc's ``mallopt`` parameters: the free memory at the heap's top that ``free`` hands back
+#: to the kernel, and the size from which blocks are mapped on their own
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+#: The environment variables that set them when a process starts (Dask's nanny starts its
+#: workers with ``MALLOC_TRIM_THRESHOLD_=65536``), and glibc's value of both by default
+_MALLOC_ENV = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
+GLIBC_THRESHOLD = 128 << 10
 #: Blocks of this size or more are mapped on their own and unmapped when freed (what a
 #: worker process sets, :func:`map_large_blocks`): tables of parameters and statistics,
 #: received messages, not a block's working arrays.
@@ -135,17 +140,42 @@ LARGE_BLOCK_BYTES = 4 << 20
 
 
 def map_large_blocks() -> None:
-    """Makes glibc map every block of :data:`LARGE_BLOCK_BYTES` or more on its own (and unmap
-    it when freed) in this worker process. By default glibc raises that threshold to the
-    size of the largest block freed so far, so once a worker frees its first parameter table
-    the next ones come from the heap, and the holes an M-step leaves when it replaces them
-    stay resident (4 MPI ranks holding 16 MB of categorical tables each peaked at 4.1-4.6
-    tables' worth by default, 3.9-4.0 with this). Setting the threshold turns that
-    adjustment off. Only in processes that emgrid runs (MPI ranks, multiprocessing
-    workers): a caller's own process keeps its allocator as it is."""
+    """Sets glibc's allocator of a process while it holds a grid cell: every block of
+    :data:`LARGE_BLOCK_BYTES` or more is mapped on its own (and unmapped when freed), smaller
+    ones come from the heap, whose free top is handed back to the kernel beyond twice that
+    (glibc's own ratio of the two).
+
+    By default glibc raises the mapping threshold to the size of the largest block freed so
+    far, so once a worker frees its first parameter table the next ones come from the heap,
+    and the holes an M-step leaves when it replaces them stay resident (4 MPI ranks holding
+    16 MB of categorical tables each peaked at 4.1-4.6 tables' worth by default, 3.9-4.0 with
+    this). Fixing the mapping threshold also fixes the trimming one, at 128 KiB unless set:
+    each block's working arrays, freed at the heap's top, were handed back and faulted in
+    again at the next block (2.7x the CPU time of a full-covariance block's features in a
+    micro-benchmark; a Dask worker's ``MALLOC_TRIM_THRESHOLD_=65536`` does the same). The
+    heap is still handed back whole before each pass when the cell's memory is measured
+    (:func:`release_free_memory`). :func:`restore_allocator` gives a process that lives on
+    the settings its environment asked for."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK_BYTES)
+
+
+def restore_allocator() -> None:
+    """Sets back what this process's environment told glibc (the thresholds of ``MALLOC_*_``
+    variables, glibc's 128 KiB where only the other is set) when a cell leaves a process that
+    lives on (a Dask worker's); without such variables the cell's settings stay (glibc's
+    own adjustment, once turned off, cannot be turned back on)."""
+    libc = _libc()
+    told = {param: os.environ.get(name) for param, name in _MALLOC_ENV.items()}
+    if libc is None or not any(told.values()):
+        return
+    for param, value in told.items():
+        try:
+            libc.mallopt(param, int(value) if value else GLIBC_THRESHOLD)
+        except ValueError:
+            libc.mallopt(param, GLIBC_THRESHOLD)  # glibc ignores a value it cannot read, too
 
 
 class PeakMeter:

@@ -59,7 +59,6 @@ from emgrid.planner.resources import Resources
 from .cell import Cell
 from .cellgrid import RAW, CellGrid, Failed, GridExecutor, describe_error, join_raw, split_raw
 from .loop import fits_here, param_bytes, run_em
-from .memory import map_large_blocks
 from .mpi_link import (ABORT_STATUS, Deadline, Interrupted, MpiLink, NoAnswer, PeerDied, abort_job, no_answer,
                        release_shared_memory_files, this_host)
 from .mstep import Shards
@@ -298,7 +297,6 @@ class MpiExecutor(GridExecutor):
             link.arm("while starting", self.startup_timeout_s)
             cell = None
             if me in specs:
-                map_large_blocks()
                 spec = specs[me]
                 cell = Cell(spec, spec.view.model_for(spec.shard, job.model), None,
                             job.open_rows(spec.start, spec.stop))

@@ -42,7 +42,6 @@ from .cell import Cell
 from .cellgrid import GridExecutor
 from .conns import ConnGrid, serve
 from .datafiles import NpyDataset
-from .memory import map_large_blocks
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch, set_parent_death_signal
@@ -59,7 +58,6 @@ def _worker_main(spec: WorkerSpec, d: int, directory: str, model: Node, control:
     if parent is not None:
         set_parent_death_signal(signal.SIGKILL, parent.pid)
     def make_cell():
-        map_large_blocks()
         return Cell(spec, model, directory, None), links
 
     with limited(blas_threads):

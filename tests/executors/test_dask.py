@@ -166,7 +166,9 @@ def test_without_an_address_a_cluster_starts_and_closes_with_the_fit(nested, ref
     model, data = nested
     n = n_rows(model.prepare(data))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    environ = dict(os.environ)
     res = optimize(data, model, plan=grid_plan(model, n, 1, 1), executor="dask", max_iter=2, tol=0.0)
+    assert dict(os.environ) == environ  # Dask's nanny leaves its workers' variables in its own process
     assert_same_trace(res.log_likelihood, reference[(2, 1)].log_likelihood[:2])  # every grid's trace is one
     end = time.monotonic() + 30  # the cluster's processes exit in their own time on a loaded machine
     while (new := {p.pid for p in psutil.Process().children(recursive=True)} - before) and time.monotonic() < end:
