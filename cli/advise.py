@@ -160,7 +160,9 @@ def _mpi_overhead(workers: int, iterations: int) -> float | None:
         return None
 
 
-def advise(cfg) -> str:
+def advise(cfg, executors: list[str] | None = None) -> str:
+    """The report: ``executors`` those measured beside local (default: each one that can
+    run here; a cluster engine asked for but not installed is said to be unavailable)."""
     from .session import build_data, build_model, build_resources
 
     from emgrid.models import complete_shapes, initialize
@@ -187,7 +189,7 @@ def advise(cfg) -> str:
     lines.append(f"{'local':<16} {1:>7} {'-':>14} {local:>17.4g} {1.0:>9.2f}")
     best = ("local", 1, local)
     measured = []
-    for kind in ("multiprocessing", "mpi", *installed_engines()):
+    for kind in executors or ("multiprocessing", "mpi", *installed_engines()):
         if not counts:
             lines.append(f"{kind:<16} skipped: these cores run one worker at a time")
         for p in counts:

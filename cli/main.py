@@ -31,6 +31,19 @@ EXIT_OK, EXIT_NOT_CONVERGED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
+#: The executors ``emgrid advise`` measures beside local, in the order it reports them.
+ADVISABLE = ("multiprocessing", "mpi", "dask", "ray", "spark")
+
+
+def executor_list(text: str) -> list[str]:
+    """``emgrid advise --measure``: a comma-separated subset of :data:`ADVISABLE`, each named once."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in ADVISABLE]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of {', '.join(ADVISABLE)}")
+    return [k for k in ADVISABLE if k in kinds]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="emgrid", description=__doc__.split("\n")[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -60,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("advise", help="measure and say whether distributing helps")
     overrides(sp)
+    sp.add_argument("--measure", type=executor_list, metavar="KIND[,KIND...]",
+                    help="measure only these of multiprocessing, mpi, dask, ray, spark (default: each one that "
+                         "can run here; a cluster engine's local cluster takes seconds to start)")
 
     sp = sub.add_parser("demo", help="run a built-in heterogeneous example end to end")
     sp.add_argument("--rows", type=int, default=20000)
@@ -350,7 +366,7 @@ def cmd_advise(args) -> int:
     from .advise import advise
 
     cfg = _config(args)
-    print(advise(cfg))
+    print(advise(cfg, args.measure))
     return EXIT_OK
 
 

@@ -191,11 +191,20 @@ def test_fit_under_mpi_launches_mpiexec_itself(tmp_path):
 
 
 def test_advise_says_what_helps(tmp_path):
-    r = emgrid("advise", config(tmp_path))
+    """Each executor asked for is measured (a cluster engine on a local cluster of its own),
+    the others are not; the README runs it on every executor that can run here."""
+    pytest.importorskip("distributed")
+    r = emgrid("advise", config(tmp_path), "--measure", "dask,multiprocessing")
     assert r.returncode == 0, r.stderr
     assert "advice:" in r.stdout and "local" in r.stdout
     assert "free cores" in r.stdout  # measured, not assumed
-    from emgrid.cli.advise import installed_engines
+    rows = {line.split()[0] for line in r.stdout.splitlines() if line[:1].isalpha()}
+    assert {"multiprocessing", "dask"} <= rows and not rows & {"mpi", "ray", "spark"}, r.stdout
+    measured = [line for line in r.stdout.splitlines() if line.startswith(("multiprocessing", "dask"))]
+    assert all(" ms " in line for line in measured), r.stdout  # an overhead each, not "unavailable"
 
-    for kind in installed_engines():  # measured on a local cluster of its own, or said unavailable
-        assert any(line.startswith(kind) for line in r.stdout.splitlines()), r.stdout
+
+def test_advise_refuses_an_executor_it_cannot_measure(tmp_path):
+    r = emgrid("advise", config(tmp_path), "--measure", "multiprocessing,yarn")
+    assert r.returncode == 2
+    assert "--measure" in r.stderr and "'multiprocessing,yarn'" in r.stderr

@@ -360,11 +360,9 @@ def test_a_resume_stops_where_the_uninterrupted_run_converges(folder, capsys):
     assert resumed == whole
 
 
-@pytest.mark.parametrize("kind", ["dask", "ray", "spark"])
+@pytest.mark.parametrize("kind", ["dask", "ray"])  # Spark's: the Parquet test below
 def test_the_cluster_executors_run_from_config_with_the_local_trace(folder, capsys, kind):
-    pytest.importorskip({"dask": "distributed", "ray": "ray", "spark": "pyspark"}[kind])
-    if kind == "spark" and shutil.which("java") is None:
-        pytest.skip("Spark needs a Java runtime")
+    pytest.importorskip({"dask": "distributed", "ray": "ray"}[kind])
     two = BASE.replace("workers = 1", "workers = 2")
     code, err = run(folder, capsys, "--output", "local", config=two)
     assert code == 1, err

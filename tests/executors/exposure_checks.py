@@ -24,7 +24,7 @@ EXECUTORS = ["multiprocessing", "mpi", "dask", "ray", "spark"]
 MIX = ('{ family = "Mixture", weights = [0.5, 0.5], components = [ { family = "Gaussian", mean = -1.0, var = 1.0 }, '
        '{ family = "Gaussian", mean = 1.0, var = 1.0 } ] }')
 #: Seconds worker w1 sleeps in iteration 2 (the fit's processes are looked at meanwhile).
-HANG_S = 6
+HANG_S = 4
 #: The longest wait for any one condition (a slow, loaded machine).
 WAIT_S = 120.0
 #: The longest wait for the fit's processes to end after it did: Ray's agents, left alone,
