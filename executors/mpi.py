@@ -95,9 +95,9 @@ class MpiGrid(CellGrid):
 
     ordered = True  # a rank takes its calls in the order they were sent
 
-    def __init__(self, job: FitJob, link: MpiLink, ranks: dict[tuple[int, int], int], cell: Cell | None,
-                 timeout_s: float | None, startup_timeout_s: float):
-        super().__init__(job, timeout_s, startup_timeout_s)
+    def __init__(self, job: FitJob, ex: GridExecutor, link: MpiLink, ranks: dict[tuple[int, int], int],
+                 cell: Cell | None):
+        super().__init__(job, ex)
         self.link, self.cell = link, cell
         self.rank_of = [ranks[(s.replica, s.shard)] for s in self.cells]
         self.own: dict[int, tuple] = {}  # this process's cell: its call, run when answers are awaited
@@ -311,7 +311,7 @@ class MpiExecutor(GridExecutor):
                     link.post(link.coordinator, ("answer", index[me], None))  # its rows are open
                 return serve(link, cell, index.get(me))
             link.disarm()
-            grid = MpiGrid(job, link, ranks, cell, self.timeout_s, self.startup_timeout_s)
+            grid = MpiGrid(job, self, link, ranks, cell)
             grid.start()
             return self._coordinate(grid, job)
         finally:
