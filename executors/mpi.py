@@ -293,7 +293,7 @@ class MpiExecutor(GridExecutor):
         specs = {rank: layout[r][s] for (r, s), rank in ranks.items()}
         pids = [f[2] for f in facts]
         who = [_describe(r, specs.get(r), pids[r]) for r in range(world.Get_size())]
-        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, self.startup_timeout_s, peers)
+        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, peers)
         try:
             link.arm("while starting", self.startup_timeout_s)
             cell = None

@@ -135,7 +135,7 @@ class MpiLink:
     ``timeout_s``: None for blocking waits; ``peers``: the pid of every other rank on this
     host (:func:`this_host`), by rank, which its waits look at."""
 
-    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None, startup_timeout_s: float,
+    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None,
                  peers: dict[int, int] | None = None):
         from mpi4py import MPI
 
@@ -145,7 +145,7 @@ class MpiLink:
         self.me, self.size = world.Get_rank(), world.Get_size()
         self.coordinator = coordinator
         self.who = who
-        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self.timeout_s = timeout_s
         self.status = MPI.Status()
         self.sends: list = []  # requests in flight (each holds its buffer)
         self.cell = None  # the cell this rank runs, whose mailbox its messages go to
