@@ -75,13 +75,9 @@ class Failed:
 
 @dataclass
 class Died:
-    """A cell's process or actor is gone: ``how`` in words ("was killed by signal 9", "died"),
-    how the engine knows (``detail``, said after the iteration), and what the engine said of
-    it, if anything (a note)."""
+    """A cell's process or actor is gone: ``how`` in words ("was killed by signal 9", "died")."""
 
     how: str
-    detail: str = ""
-    report: str = ""
 
 
 @dataclass
@@ -130,11 +126,6 @@ def outcome(got: Sequence[tuple[ShareReport, bytes | None, int]], shape: tuple[i
 
 class CellGrid:
     """The coordinator's side of one fit's grid of cells (see the module)."""
-
-    #: Whether calls to one cell are taken in the order they were made (pipes): then the model
-    #: and the updates go without waiting for the cells, and an error in them is named by the
-    #: next step's answers.
-    ordered = False
 
     def __init__(self, job: FitJob, ex: GridExecutor):
         """``ex``: the executor, whose timeouts and BLAS threads the grid keeps."""
@@ -225,11 +216,7 @@ class CellGrid:
                 if isinstance(answer, Failed):
                     raise self.failed(i, when, answer.summary, answer.trace)
                 if isinstance(answer, Died):
-                    detail = f" ({answer.detail})" if answer.detail else ""
-                    err = WorkerLost(f"{self.who(i)} {answer.how} {when}{detail}", i, self.cells[i].name)
-                    if answer.report:
-                        err.add_note(answer.report)
-                    raise err
+                    raise WorkerLost(f"{self.who(i)} {answer.how} {when}", i, self.cells[i].name)
                 if isinstance(answer, Lost):
                     lost = lost or (i, answer.peer, perf_counter())
                 else:
@@ -263,13 +250,11 @@ class CellGrid:
 
     # ------------------------------------------------------------ the EM loop's grid
     def _each(self, method: str, args: tuple, when: str, cells: list[int] | None = None) -> None:
-        """``Cell.<method>(*args)`` on every cell (or each of ``cells``), its end awaited
-        unless the transport is :attr:`ordered`."""
-        if self.ordered:
-            for i in range(len(self.cells)) if cells is None else cells:
-                self.call(i, method, *args)
-        else:
-            self.call_all(method, args, when, self.timeout_s, cells)
+        """``Cell.<method>(*args)`` on every cell (or each of ``cells``), not awaited: every
+        transport takes a cell's calls in the order they were made, so an error in one is
+        named by the next step's answers."""
+        for i in range(len(self.cells)) if cells is None else cells:
+            self.call(i, method, *args)
 
     def broadcast(self, model, payloads) -> None:
         """Shard by shard, so that this process holds one shard's pickle at a time."""

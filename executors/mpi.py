@@ -93,8 +93,6 @@ def rank_map(plan: BalancePlan, size: int) -> dict[tuple[int, int], int]:
 class MpiGrid(CellGrid):
     """The coordinator's side: its own cell in this process, every other cell a rank."""
 
-    ordered = True  # a rank takes its calls in the order they were sent
-
     def __init__(self, job: FitJob, ex: GridExecutor, link: MpiLink, ranks: dict[tuple[int, int], int],
                  cell: Cell | None):
         super().__init__(job, ex)
@@ -116,7 +114,7 @@ class MpiGrid(CellGrid):
     def call(self, i: int, method: str, *args):
         rank = self.rank_of[i]
         if rank == self.link.me:
-            if self.ordered and method in ("load", "update"):
+            if method in ("load", "update"):  # not awaited (CellGrid._each): run now, in order
                 getattr(self.cell, method)(*args)
             else:
                 self.own[i] = (method, args)
