@@ -3,7 +3,6 @@ the data (a template) or the given model, and run EM on the chosen executor."""
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,7 +21,7 @@ from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
 from emgrid.planner.validate import validate_plan
 
-from .datafiles import NpyDataset, new_table_scratch
+from .datafiles import NpyDataset, table_scratch
 from .elastic import check_on_worker_loss
 from .spark_data import SparkFrame, is_spark_frame
 from .protocol import Callback, Executor, FitJob
@@ -134,20 +133,16 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         elif is_spark_frame(data):
             raise ConfigError(f"a Spark DataFrame is fitted where it lives with executor='spark' (this executor is "
                               f"{ex.name!r}); or bring it here first with df.toPandas()")
-        scratch = None
-        if is_table(data):
+        table = as_table(data) if is_table(data) else None
+        if table is not None:
             model = bind(model, data)
-            table = as_table(data)
-            if isinstance(table.source, (str, Path)) and not table.drop_missing:
-                scratch = new_table_scratch()  # named for this process: a run after a kill removes it
-        try:
+        on_disk = table is not None and isinstance(table.source, (str, Path)) and not table.drop_missing
+        # a file table: each worker reads its rows; its folder is named for this process (a run after a kill removes it)
+        with table_scratch() if on_disk else nullcontext() as scratch:
             if scratch is not None:
                 data = NpyDataset.from_table(table, model, scratch)
             result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter,
                                reg, previous_log_likelihood, gather, init_callback, elastic, dtype)
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
     warn_about(result, max_iter, tol)
     return result
 
