@@ -72,8 +72,8 @@ def shipped_rows(spec: WorkerSpec, model_part: Node, data: Data) -> Data:
 class EngineGrid(ConnGrid):
     """The coordinator's side of cells an engine runs (Dask's or Ray's actors, Spark's barrier
     tasks), each serving its cell over sockets (:mod:`executors.conns`). A subclass starts the
-    cells (:meth:`launch`: with :meth:`relay`, which relays their addresses, for actors) and
-    says how one that ended while starting ended (:meth:`ended_early`); here are what each
+    cells (:meth:`launch`; actors with :meth:`relay`, which relays their addresses, and then
+    say how one that ended while starting ended, :meth:`ended_early`); here are what each
     cell starts with, the wait until every cell has opened its rows, and the hang-up."""
 
     #: The engine, as a message names it.
