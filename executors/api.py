@@ -3,7 +3,6 @@ the data (a template) or the given model, and run EM on the chosen executor."""
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,12 +16,12 @@ from emgrid.models.init import INIT_METHODS, check_init, complete_shapes, initia
 from emgrid.models.regularize import Regularization
 from emgrid.models.starts import distinct_starts, per_start
 from emgrid.models.tables import as_table, bind, is_table
-from emgrid.planner.check import check_plan_structure
+from emgrid.planner.check import check_plan_figures, check_plan_structure
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources
 from emgrid.planner.validate import validate_plan
 
-from .datafiles import NpyDataset, new_table_scratch
+from .datafiles import NpyDataset, table_scratch
 from .elastic import check_on_worker_loss
 from .spark_data import SparkFrame, is_spark_frame
 from .protocol import Callback, Executor, FitJob
@@ -118,7 +117,8 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
     _check_count(init_iter, "init_iter", 1)
     if init not in INIT_METHODS:
         raise ConfigError(f"init must be one of {', '.join(INIT_METHODS)}, got {init!r}")
-    check_on_worker_loss(on_worker_loss, max_replans, grow_threshold)
+    check_on_worker_loss(on_worker_loss, grow_threshold)
+    _check_count(max_replans, "max_replans", 0)
     dtype = check_dtype(dtype)
     if on_worker_loss == "replan" and ex.name in ("local", "mpi"):
         raise ConfigError(f"on_worker_loss='replan' needs an executor whose workers can be lost and replaced "
@@ -133,20 +133,16 @@ def optimize(data, model: Node, *, plan: BalancePlan | None = None, resources: R
         elif is_spark_frame(data):
             raise ConfigError(f"a Spark DataFrame is fitted where it lives with executor='spark' (this executor is "
                               f"{ex.name!r}); or bring it here first with df.toPandas()")
-        scratch = None
-        if is_table(data):
+        table = as_table(data) if is_table(data) else None
+        if table is not None:
             model = bind(model, data)
-            table = as_table(data)
-            if isinstance(table.source, (str, Path)) and not table.drop_missing:
-                scratch = new_table_scratch()  # named for this process: a run after a kill removes it
-        try:
+        on_disk = table is not None and isinstance(table.source, (str, Path)) and not table.drop_missing
+        # a file table: each worker reads its rows; its folder is named for this process (a run after a kill removes it)
+        with table_scratch() if on_disk else nullcontext() as scratch:
             if scratch is not None:
                 data = NpyDataset.from_table(table, model, scratch)
             result = _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init, seed, init, init_iter,
                                reg, previous_log_likelihood, gather, init_callback, elastic, dtype)
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
     warn_about(result, max_iter, tol)
     return result
 
@@ -201,22 +197,6 @@ def _optimize(data, model, plan, resources, ex, max_iter, tol, callback, n_init,
         result.init_seeding_s = seeding_s
         result.init_s += seeding_s
     return result
-
-
-def check_plan_figures(plan: BalancePlan) -> None:
-    """A plan run without the resources it was made for (``validate_plan`` needs them) still
-    agrees with itself: every worker's rows are its replica's, and its predicted memory is
-    within its recorded limit. PlanError naming the worker otherwise (a plan edited by hand)."""
-    from emgrid.models.errors import PlanError
-
-    for w in plan.per_worker:
-        if not 0 <= w.replica < len(plan.replica_rows) or w.rows != plan.replica_rows[w.replica]:
-            raise PlanError(f"plan: worker {w.name!r} has {w.rows} rows but replica {w.replica} has "
-                            f"{plan.replica_rows[w.replica] if 0 <= w.replica < len(plan.replica_rows) else 'none'} "
-                            "(replica_rows); plan again, or pass the resources to validate it")
-        if w.memory_limit is not None and w.memory_bytes > w.memory_limit:
-            raise PlanError(f"plan: worker {w.name!r} needs {w.memory_bytes} bytes but its memory_limit is "
-                            f"{w.memory_limit}; plan again, or pass the resources to validate it")
 
 
 def warn_about(result: FitResult, max_iter: int, tol: float) -> None:

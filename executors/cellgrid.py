@@ -24,7 +24,7 @@ said to (a note each).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import ClassVar
@@ -75,13 +75,9 @@ class Failed:
 
 @dataclass
 class Died:
-    """A cell's process or actor is gone: ``how`` in words ("was killed by signal 9", "died"),
-    how the engine knows (``detail``, said after the iteration), and what the engine said of
-    it, if anything (a note)."""
+    """A cell's process or actor is gone: ``how`` in words ("was killed by signal 9", "died")."""
 
     how: str
-    detail: str = ""
-    report: str = ""
 
 
 @dataclass
@@ -131,14 +127,10 @@ def outcome(got: Sequence[tuple[ShareReport, bytes | None, int]], shape: tuple[i
 class CellGrid:
     """The coordinator's side of one fit's grid of cells (see the module)."""
 
-    #: Whether calls to one cell are taken in the order they were made (pipes): then the model
-    #: and the updates go without waiting for the cells, and an error in them is named by the
-    #: next step's answers.
-    ordered = False
-
-    def __init__(self, job: FitJob, timeout_s: float | None, startup_timeout_s: float):
+    def __init__(self, job: FitJob, ex: GridExecutor):
+        """``ex``: the executor, whose timeouts and BLAS threads the grid keeps."""
         self.job = job
-        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self.timeout_s, self.startup_timeout_s, self.blas_threads = ex.timeout_s, ex.startup_timeout_s, ex.blas_threads
         self.layout = grid_layout(job.model, job.plan, job.dtype)
         self.cells = [spec for row in self.layout for spec in row]  # grid order
         self.view = self.layout[0][0].view
@@ -182,10 +174,6 @@ class CellGrid:
         """What each of ``cells`` waits for ('' or absent: nobody), for a timeout's message."""
         return {}
 
-    def shared(self, payload):
-        """``payload`` as it is passed to many cells (an engine may store it once)."""
-        return payload
-
     def resources_now(self):
         """The workers the engine has now (:class:`planner.Resources`), for an elastic fit's
         growth (:meth:`executors.elastic.Elastic.grow`); None: the engine cannot gain any."""
@@ -226,15 +214,9 @@ class CellGrid:
             for i, answer in self.poll(pending, min(waits), when):
                 del pending[i]
                 if isinstance(answer, Failed):
-                    err = FitError(f"{self.who(i)} failed {when}: {answer.summary}")
-                    err.add_note(f"the worker's traceback:\n{answer.trace.rstrip()}")
-                    raise err
+                    raise self.failed(i, when, answer.summary, answer.trace)
                 if isinstance(answer, Died):
-                    detail = f" ({answer.detail})" if answer.detail else ""
-                    err = WorkerLost(f"{self.who(i)} {answer.how} {when}{detail}", i, self.cells[i].name)
-                    if answer.report:
-                        err.add_note(answer.report)
-                    raise err
+                    raise WorkerLost(f"{self.who(i)} {answer.how} {when}", i, self.cells[i].name)
                 if isinstance(answer, Lost):
                     lost = lost or (i, answer.peer, perf_counter())
                 else:
@@ -242,6 +224,12 @@ class CellGrid:
         if lost is not None:  # every cell answered, some only that a peer was gone: the peer's end
             raise self._cause(lost, when)
         return [out[i] for i in calls]
+
+    def failed(self, i: int, when: str, summary: str, trace: str) -> FitError:
+        """Cell ``i``'s own error ``when``: its one-line ``summary``, its ``trace`` a note."""
+        err = FitError(f"{self.who(i)} failed {when}: {summary}")
+        err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
+        return err
 
     def _cause(self, lost: tuple[int, int, float], when: str) -> FitError:
         reporter, peer, _ = lost
@@ -262,22 +250,18 @@ class CellGrid:
 
     # ------------------------------------------------------------ the EM loop's grid
     def _each(self, method: str, args: tuple, when: str, cells: list[int] | None = None) -> None:
-        """``Cell.<method>(*args)`` on every cell (or each of ``cells``), its end awaited
-        unless the transport is :attr:`ordered`."""
-        if self.ordered:
-            for i in range(len(self.cells)) if cells is None else cells:
-                self.call(i, method, *args)
-        else:
-            self.call_all(method, args, when, self.timeout_s, cells)
+        """``Cell.<method>(*args)`` on every cell (or each of ``cells``), not awaited: every
+        transport takes a cell's calls in the order they were made, so an error in one is
+        named by the next step's answers."""
+        for i in range(len(self.cells)) if cells is None else cells:
+            self.call(i, method, *args)
 
     def broadcast(self, model, payloads) -> None:
         """Shard by shard, so that this process holds one shard's pickle at a time."""
         reg, m = self.job.regularization, self.shape[1]
         for shard in range(m):
-            blob = self.shared(payloads[shard])
-            self._each("load", (blob, reg), f"while receiving the model for iteration {self.iteration + 1}",
+            self._each("load", (payloads[shard], reg), f"while receiving the model for iteration {self.iteration + 1}",
                        list(range(shard, len(self.cells), m)))
-            del blob
 
     def e_step(self, iteration: int) -> GridOutcome:
         self.iteration = iteration
@@ -288,7 +272,7 @@ class CellGrid:
 
     def update(self, skeleton, payload: bytes) -> int:
         it = self.iteration
-        self._each("update", (it, self.shared(payload)), f"in the update after iteration {it}")
+        self._each("update", (it, payload), f"in the update after iteration {it}")
         return update_bytes(self.view, self.shape[0], len(payload), self.pending_bytes)
 
     def fetch(self, shard: int) -> dict:
@@ -320,14 +304,14 @@ class GridExecutor(BaseExecutor):
         #: pids of the cells (grid order), while a fit runs.
         self.worker_pids: list[int] = []
 
-    def fit_on(self, make_grid: Callable[[FitJob], CellGrid], job: FitJob) -> FitResult:
-        """Runs the EM loop on the grid ``make_grid(job)`` makes (its cells started here),
-        and, for ``job.on_worker_loss == "replan"``, on the grids made for the re-planned
-        jobs after a cell is lost (:class:`executors.elastic.Elastic`); the last grid is
-        closed however the fit ends."""
+    def fit_on(self, job: FitJob, grid: type[CellGrid], *args) -> FitResult:
+        """Runs the EM loop on the grid ``grid(job, self, *args)`` (its cells started here),
+        and, for ``job.on_worker_loss == "replan"``, on the grids made alike for the
+        re-planned jobs after a cell is lost (:class:`executors.elastic.Elastic`); the last
+        grid is closed however the fit ends."""
         from .elastic import Elastic
 
-        elastic = Elastic(self, make_grid, job)
+        elastic = Elastic(self, lambda j: grid(j, self, *args), job)
         failed = True
         try:
             elastic.start()

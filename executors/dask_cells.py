@@ -57,16 +57,13 @@ class DaskCell:
     """The Dask actor of one cell: it builds the :class:`executors.cell.Cell` (its rows mapped
     or shipped with the constructor), then :meth:`serve` serves it over sockets for the whole
     fit (:func:`executors.conns.serve_relayed`), on a thread of its own so that the worker's
-    actor thread, shared by the actors of its process, is never held. ``info``,
-    ``waits_for``, ``abort`` and ``close`` run on the worker's event loop
-    (``separate_thread=False``): they reach a cell while it waits for a peer."""
+    actor thread, shared by the actors of its process, is never held. ``waits_for``,
+    ``abort`` and ``close`` run on the worker's event loop (``separate_thread=False``): they
+    reach a cell while it waits for a peer."""
 
     def __init__(self, spec, model, directory, rows, blas_threads, env):
         data = rows.data if isinstance(rows, Shipped) else rows
         self.cell = Cell(spec, model, directory, data, blas_threads, env)
-
-    def info(self) -> dict:
-        return self.cell.info()
 
     async def serve(self, coordinator, authkey: bytes, d: int, host: str) -> None:
         """:func:`executors.conns.serve_relayed` on a daemon thread (a hung one does not hold

@@ -3,9 +3,9 @@
 What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
 row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the workers
 share), or receives its replica's rows, only its shard's columns, scattered once to its
-worker (data in memory); the coordinator's calls are actor calls; a cell's messages to its
-peers (coupling, partial sums, new subtrees) are calls to ``deliver`` on their actors, worker
-to worker on the workers' event loops.
+worker (data in memory); then its actor serves it over sockets for the whole fit
+(:class:`executors.actors.EngineGrid`): the coordinator's calls, and a cell's messages to its
+peers (coupling, partial sums, new subtrees) cell to cell.
 
 Cells are placed on the workers the plan names when it was made for this cluster
 (``Resources.from_dask(client)``, whose worker names are the cluster's slots); otherwise in
@@ -33,8 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from contextlib import ExitStack, nullcontext
-from multiprocessing.connection import Connection, Listener
+from contextlib import ExitStack, nullcontext, suppress
 from time import perf_counter, sleep
 from typing import ClassVar
 from urllib.parse import urlparse
@@ -43,11 +42,9 @@ from emgrid.models.errors import FitError
 from emgrid.planner.resources import Resources, dask_slots
 
 from . import dask_cells
-from .actors import forwarded_env, import_extra, shipped_rows
-from .dask_cells import DaskCell, Shipped, quiet_logs
+from .actors import EngineGrid, forwarded_env, import_extra
 from .cellgrid import GridExecutor, WorkerLost, describe_error
-from .conns import ConnGrid, hang_up
-from .datafiles import NpyDataset
+from .dask_cells import DaskCell, Shipped, quiet_logs
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
@@ -89,20 +86,19 @@ async def _end_process() -> None:
     os._exit(70)
 
 
-class DaskGrid(ConnGrid):
+class DaskGrid(EngineGrid):
     """The coordinator's side: one actor per cell on a ``distributed.Client``, each serving its
-    cell over a socket to this process and to the cells it meets."""
+    cell over sockets to this process and to the cells it meets."""
 
-    def __init__(self, client, job: FitJob, directory: str | None, timeout_s: float | None,
-                 startup_timeout_s: float, blas_threads: int | None, own_cluster: bool = False):
-        super().__init__(job, timeout_s, startup_timeout_s)
-        self.client, self.directory, self.blas_threads = client, directory, blas_threads
+    engine = "Dask"
+
+    def __init__(self, job: FitJob, ex: GridExecutor, client, own_cluster: bool):
+        super().__init__(job, ex)
+        self.client = client
         self.own_cluster = own_cluster  # the cluster goes with the fit: its busy workers need no ending
         self.futures: list = []  # the actors' futures: holding them keeps the actors alive
         self.actors: list = []
-        self.serving: list = []  # each actor's ``serve`` call, done when its cell stops
         self.addresses: list[str] = []
-        self.conns: list[Connection | None] = [None] * len(self.cells)
 
     # ------------------------------------------------------------ naming and liveness
     def where(self, i: int) -> str:
@@ -139,33 +135,19 @@ class DaskGrid(ConnGrid):
             return [by_name[spec.name] for spec in self.cells]
         return [slots[i % len(slots)][1] for i in range(len(self.cells))]
 
-    def start(self) -> None:
-        client, job = self.client, self.job
+    def launch(self) -> None:
+        client = self.client
         self.addresses = self._placement()
-        env = forwarded_env()
-        data = None if self.directory is not None else job.open_data()
-        token = uuid.uuid4().hex[:8]
-        for spec, address in zip(self.cells, self.addresses):
-            part = spec.view.model_for(spec.shard, job.model)
-            rows = None
-            if data is not None:
-                rows = client.scatter(Shipped(shipped_rows(spec, part, data)), workers=[address], direct=True,
-                                      hash=False)
+        env, token = forwarded_env(), uuid.uuid4().hex[:8]
+        for (spec, part, rows), address in zip(self.shipped(), self.addresses):
+            if rows is not None:
+                rows = client.scatter(Shipped(rows), workers=[address], direct=True, hash=False)
             self.futures.append(client.submit(DaskCell, spec, part, self.directory, rows, self.blas_threads, env,
                                               actor=True, workers=[address], allow_other_workers=False, pure=False,
                                               key=f"emgrid-{spec.name}-{token}"))
         self.actors = self._built()
-        authkey = os.urandom(32)
-        listener = Listener((_reachable_host(client), 0), authkey=authkey)
-        try:
-            d = self.shape[0]
-            self.serving = [a.serve(listener.address, authkey, d, urlparse(address).hostname)
-                            for a, address in zip(self.actors, self.addresses)]
-            self.accept_relayed(listener, self._ended_early, "Dask")
-        finally:
-            listener.close()
-        self.collect(dict.fromkeys(range(len(self.cells))), "while starting", self.startup_timeout_s)
-        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
+        hosts = [urlparse(address).hostname for address in self.addresses]
+        self.relay(_reachable_host(client), lambda i, *to: self.actors[i].serve(*to, self.shape[0], hosts[i]))
 
     def _built(self) -> list:
         """Every cell's actor once its constructor ran; FitError naming a cell whose
@@ -176,17 +158,13 @@ class DaskGrid(ConnGrid):
             try:
                 f.result(timeout=max(0.0, deadline - perf_counter()))
             except Exception as e:  # noqa: BLE001 - named below
-                when = "while starting"
                 if isinstance(e, TimeoutError) and perf_counter() >= deadline:
-                    raise FitError(f"no answer within {self.startup_timeout_s:g} s {when} from {self.who(i)}") from None
-                summary, trace = describe_error(e)
-                err = FitError(f"{self.who(i)} failed {when}: {summary}")
-                err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
-                raise err from None
+                    raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
+                                   f"{self.who(i)}") from None
+                raise self.failed(i, "while starting", *describe_error(e)) from None
         return [f.result() for f in self.futures]
 
-    def _ended_early(self) -> BaseException | None:
-        """The FitError of a cell whose ``serve`` call ended while the cells started, if any."""
+    def ended_early(self) -> BaseException | None:
         sleep(0.05)
         for i, f in enumerate(self.serving):
             if f.done():
@@ -197,76 +175,56 @@ class DaskGrid(ConnGrid):
                     if isinstance(e, OSError) and str(e) == _UNREACHABLE:
                         return WorkerLost(f"{self.who(i)} died while starting (its worker cannot be reached)", i,
                                           self.cells[i].name)
-                    summary, trace = describe_error(e)
-                    err = FitError(f"{self.who(i)} failed while starting: {summary}")
-                    err.add_note(f"the worker's traceback:\n{trace.rstrip()}")
-                    return err
+                    return self.failed(i, "while starting", *describe_error(e))
         return None
 
     def waits(self, cells: list[int]) -> dict[int, str]:
         """What each of ``cells`` waits for (:meth:`Cell.waits_for`, asked of its actor while
-        its cell's thread waits), at most a second for all."""
+        its cell's thread waits), at most a second for all; one that does not answer counts
+        as stuck."""
         asked = {i: self.actors[i].waits_for(separate_thread=False) for i in cells if i < len(self.actors)}
         deadline = perf_counter() + 1.0
         out = {}
         for i, f in asked.items():
-            try:
+            with suppress(Exception):
                 out[i] = f.result(timeout=max(0.0, deadline - perf_counter()))
-            except Exception:  # noqa: BLE001 - no answer: it counts as stuck
-                pass
         return out
 
     # ------------------------------------------------------------ the end
-    def _hang_up(self) -> None:
-        for c in self.conns:
-            if c is not None:
-                hang_up(c)
-        self.conns = [None] * len(self.cells)
-
     def close(self, failed: bool = False) -> None:
         """Stops every cell (after a failure: aborts it, so that one waiting for a peer ends)
         and releases its actor; ends the worker processes of cells still running a step
         (after a hang: a Python thread cannot be stopped otherwise; their nannies start new
-        ones), unless the cluster goes away anyway."""
+        ones), unless the cluster goes away anyway. Each step is best effort: a worker may
+        be gone, the client closing."""
         if not failed:
             self.ask_to_stop()
         else:  # a cell waiting for a peer is aborted; one waiting for a call sees its end of file
             for a in self.actors:
-                try:
+                with suppress(Exception):
                     a.abort(separate_thread=False)
-                except Exception:  # noqa: BLE001 - its worker is gone
-                    pass
-            self._hang_up()
+            self.hang_up_all()
         deadline = perf_counter() + (5.0 if not failed else 2.0)
         while any(not f.done() for f in self.serving) and perf_counter() < deadline:
             sleep(0.02)
         busy = {self.addresses[i] for i, f in enumerate(self.serving) if not f.done()}
-        self._hang_up()
+        self.hang_up_all()
         closing = []
         for a in self.actors:
-            try:
+            with suppress(Exception):
                 closing.append(a.close(separate_thread=False))
-            except Exception:  # noqa: BLE001 - its worker is gone
-                pass
         for c in closing:
-            try:
+            with suppress(Exception):
                 c.result(timeout=1.0)
-            except Exception:  # noqa: BLE001 - best effort: a dead worker cannot close
-                pass
         self.actors, self.serving = [], []
         if self.futures:
-            try:
+            with suppress(Exception):
                 self.client.cancel(self.futures, force=True)
-            except Exception:  # noqa: BLE001 - the client is closing or the cluster gone
-                pass
         self.futures = []
-        if busy and not self.own_cluster:
-            live = sorted(busy & self._live_workers())
-            if live:
-                try:
-                    self.client.run(_end_process, workers=live, wait=False)
-                except Exception:  # noqa: BLE001 - best effort after a failed fit
-                    pass
+        live = sorted(busy & self._live_workers()) if busy and not self.own_cluster else []
+        if live:
+            with suppress(Exception):
+                self.client.run(_end_process, workers=live, wait=False)
 
 
 def _reachable_host(client) -> str:
@@ -337,10 +295,7 @@ class DaskExecutor(GridExecutor):
                 client = distributed.Client(cluster, direct_to_workers=True)
                 close = client.close
             after.callback(close)
-            directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
-            own = cluster is not None
-            return self.fit_on(lambda j: DaskGrid(client, j, directory, self.timeout_s, self.startup_timeout_s,
-                                                  self.blas_threads, own), job)
+            return self.fit_on(job, DaskGrid, client, cluster is not None)
 
 
 __all__ = ["DaskExecutor", "DaskCell", "DaskGrid"]

@@ -52,11 +52,9 @@ ON_WORKER_LOSS = ("fail", "replan")
 GROW_CHECK_S = 1.0
 
 
-def check_on_worker_loss(on_worker_loss, max_replans, grow_threshold=0.2) -> None:
+def check_on_worker_loss(on_worker_loss, grow_threshold=0.2) -> None:
     if on_worker_loss not in ON_WORKER_LOSS:
         raise ConfigError(f"on_worker_loss must be one of {', '.join(ON_WORKER_LOSS)}, got {on_worker_loss!r}")
-    if isinstance(max_replans, bool) or not isinstance(max_replans, int) or max_replans < 0:
-        raise ConfigError(f"max_replans must be an integer >= 0, got {max_replans!r}")
     if grow_threshold is not None and (isinstance(grow_threshold, bool) or not isinstance(grow_threshold, (int, float))
                                        or not 0 <= grow_threshold < 1):
         raise ConfigError(f"grow_threshold must be a number in [0, 1) or None, got {grow_threshold!r}")

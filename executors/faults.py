@@ -45,7 +45,8 @@ from emgrid.models.errors import ConfigError
 
 ENV = "EMGRID_FAULT"
 KINDS = ("raise", "exit", "kill", "nan", "hang")
-_KEYS = {"worker", "iteration", "block", "code", "node", "seconds"}
+#: Every key and how its value is read.
+_KEYS = {"worker": str, "iteration": int, "block": int, "code": int, "node": str, "seconds": float}
 
 
 class InjectedFault(RuntimeError):
@@ -82,12 +83,7 @@ def parse(text: str) -> tuple[Fault, ...]:
             if not sep or key not in _KEYS:
                 raise ConfigError(f"{ENV}={text!r}: {pair!r} is not key=value with a key in {sorted(_KEYS)}")
             try:
-                if key in ("iteration", "block", "code"):
-                    fields[key] = int(value)
-                elif key == "seconds":
-                    fields[key] = float(value)
-                else:
-                    fields[key] = value
+                fields[key] = _KEYS[key](value)
             except ValueError:
                 raise ConfigError(f"{ENV}={text!r}: {key} must be a number, got {value!r}") from None
         faults.append(Fault(kind=kind, **fields))

@@ -38,6 +38,7 @@ since the fit started.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 
 _STATUS = "/proc/self/status"
 _READ = 16384
@@ -205,11 +206,9 @@ def warm_up(model) -> None:
     kernels the fit runs, and the BLAS allocates no buffers for threads the fit does not
     use. Best effort: a model that cannot sample skips it.
     """
-    try:
-        import numpy as np
+    import numpy as np
 
-        from emgrid.models.engine import e_step
+    from emgrid.models.engine import e_step
 
+    with suppress(Exception):  # only a warm-up
         e_step(model, model.prepare(model.sample(4, np.random.default_rng(0))))
-    except Exception:  # noqa: BLE001 - only a warm-up
-        pass

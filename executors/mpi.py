@@ -92,11 +92,9 @@ def rank_map(plan: BalancePlan, size: int) -> dict[tuple[int, int], int]:
 class MpiGrid(CellGrid):
     """The coordinator's side: its own cell in this process, every other cell a rank."""
 
-    ordered = True  # a rank takes its calls in the order they were sent
-
-    def __init__(self, job: FitJob, link: MpiLink, ranks: dict[tuple[int, int], int], cell: Cell | None,
-                 timeout_s: float | None, startup_timeout_s: float):
-        super().__init__(job, timeout_s, startup_timeout_s)
+    def __init__(self, job: FitJob, ex: GridExecutor, link: MpiLink, ranks: dict[tuple[int, int], int],
+                 cell: Cell | None):
+        super().__init__(job, ex)
         self.link, self.cell = link, cell
         self.rank_of = [ranks[(s.replica, s.shard)] for s in self.cells]
         self.own: dict[int, tuple] = {}  # this process's cell: its call, run when answers are awaited
@@ -115,7 +113,7 @@ class MpiGrid(CellGrid):
     def call(self, i: int, method: str, *args):
         rank = self.rank_of[i]
         if rank == self.link.me:
-            if self.ordered and method in ("load", "update"):
+            if method in ("load", "update"):  # not awaited (CellGrid._each): run now, in order
                 getattr(self.cell, method)(*args)
             else:
                 self.own[i] = (method, args)
@@ -292,7 +290,7 @@ class MpiExecutor(GridExecutor):
         specs = {rank: layout[r][s] for (r, s), rank in ranks.items()}
         pids = [f[2] for f in facts]
         who = [_describe(r, specs.get(r), pids[r]) for r in range(world.Get_size())]
-        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, self.startup_timeout_s, peers)
+        link = MpiLink(world, ranks[(0, 0)], who, self.timeout_s, peers)
         try:
             link.arm("while starting", self.startup_timeout_s)
             cell = None
@@ -309,7 +307,7 @@ class MpiExecutor(GridExecutor):
                     link.post(link.coordinator, ("answer", index[me], None))  # its rows are open
                 return serve(link, cell, index.get(me))
             link.disarm()
-            grid = MpiGrid(job, link, ranks, cell, self.timeout_s, self.startup_timeout_s)
+            grid = MpiGrid(job, self, link, ranks, cell)
             grid.start()
             return self._coordinate(grid, job)
         finally:

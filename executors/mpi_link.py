@@ -37,6 +37,7 @@ import sys
 import time
 import traceback
 from collections import deque
+from contextlib import suppress
 from time import perf_counter
 
 from emgrid.models.errors import FitError
@@ -134,7 +135,7 @@ class MpiLink:
     ``timeout_s``: None for blocking waits; ``peers``: the pid of every other rank on this
     host (:func:`this_host`), by rank, which its waits look at."""
 
-    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None, startup_timeout_s: float,
+    def __init__(self, world, coordinator: int, who: list[str], timeout_s: float | None,
                  peers: dict[int, int] | None = None):
         from mpi4py import MPI
 
@@ -144,7 +145,7 @@ class MpiLink:
         self.me, self.size = world.Get_rank(), world.Get_size()
         self.coordinator = coordinator
         self.who = who
-        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self.timeout_s = timeout_s
         self.status = MPI.Status()
         self.sends: list = []  # requests in flight (each holds its buffer)
         self.cell = None  # the cell this rank runs, whose mailbox its messages go to
@@ -169,7 +170,7 @@ class MpiLink:
         requests = [self.data.Isend([pickle.dumps((*header, len(bodies)), protocol=PROTOCOL), byte], rank, HEAD)]
         requests += [self.data.Isend([b, byte], rank, BODY) for b in bodies]
         if wait:
-            self._wait_all(requests, "sending to every rank")
+            self._wait_all(requests)
         else:
             # a request holds its buffer until it is dropped: the completed ones go at once, or a
             # model-parallel rank would keep every block's coupling message of the last
@@ -178,7 +179,7 @@ class MpiLink:
 
     def flush(self) -> None:
         """Completes this rank's sends (before it returns its result)."""
-        self._wait_all(self.sends, "for its messages to be received")
+        self._wait_all(self.sends)
         self.sends = []
 
     def free(self) -> None:
@@ -282,7 +283,7 @@ class MpiLink:
         abort_when_done(self.world)
 
     # ------------------------------------------------------------ waiting
-    def _wait_all(self, requests: list, what: str) -> None:
+    def _wait_all(self, requests: list) -> None:
         polls = 0
         while requests and not self.MPI.Request.Testall(requests):
             polls += 1
@@ -363,10 +364,8 @@ def release_shared_memory_files(world) -> None:
     except OSError:
         return
     for name in names:
-        try:
+        with suppress(OSError):  # another rank of this machine unlinked it first
             os.unlink(name)
-        except OSError:
-            pass  # another rank of this machine unlinked it first
 
 
 def abort_job(world) -> None:

@@ -30,7 +30,7 @@ import multiprocessing as mp
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from multiprocessing.connection import Connection
 from time import perf_counter
 from typing import ClassVar
@@ -85,11 +85,9 @@ def _main_hidden(model: Node):
 class ProcessGrid(ConnGrid):
     """The parent's side: one control pipe per worker, the workers' sentinels to notice deaths."""
 
-    def __init__(self, job: FitJob, directory: str, context, timeout_s: float | None, startup_timeout_s: float,
-                 blas_threads: int | None = DEFAULT_BLAS_THREADS):
-        super().__init__(job, timeout_s, startup_timeout_s)
+    def __init__(self, job: FitJob, ex: GridExecutor, directory: str, context):
+        super().__init__(job, ex)
         self.directory, self.context = directory, context
-        self.blas_threads = blas_threads
         self.procs: list = []
         self.conns: list[Connection] = []
 
@@ -213,16 +211,6 @@ class MultiprocessingExecutor(GridExecutor):
             return super().run(job)
 
     def _run(self, job: FitJob) -> FitResult:
-        scratch = None
-        try:
-            if isinstance(job.data, NpyDataset):
-                directory = str(job.data.directory)
-            else:
-                scratch = Scratch("data", self.tmp_dir)
-                directory = str(NpyDataset.write(job.data, scratch.path).directory)
-            context = mp.get_context(self.start_method)
-            return self.fit_on(lambda j: ProcessGrid(j, directory, context, self.timeout_s, self.startup_timeout_s,
-                                                     self.blas_threads), job)
-        finally:
-            if scratch is not None:
-                scratch.close()
+        with Scratch("data", self.tmp_dir) if job.directory is None else nullcontext() as scratch:
+            directory = job.directory or str(NpyDataset.write(job.data, scratch.path).directory)
+            return self.fit_on(job, ProcessGrid, directory, mp.get_context(self.start_method))

@@ -62,6 +62,11 @@ class FitJob:
     #: the float type of the data and the E-step (``models.data.DTYPES``); sums are float64
     dtype: str = "float64"
 
+    @property
+    def directory(self) -> str | None:
+        """The folder of a dataset on disk (which each worker maps its rows from), or None."""
+        return str(self.data.directory) if isinstance(self.data, NpyDataset) else None
+
     def open_data(self) -> Data:
         """The data as arrays (memory-mapped when it lives on disk)."""
         return self.data.open() if isinstance(self.data, NpyDataset) else self.data

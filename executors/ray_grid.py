@@ -3,11 +3,9 @@
 What moves, and when, is every cell's (:mod:`executors.cell`); how, here: a cell maps its own
 row range of the dataset's ``.npy`` files (a dataset on disk, on a file system the nodes
 share), or receives its replica's rows, only its shard's columns, as an argument of its
-constructor (Ray puts them in its object store once; data in memory); a shard's part of the
-model and each skeleton are put in the object store once for every cell; a cell's messages
-to its peers (coupling, partial sums, new subtrees) are ``deliver.remote`` calls on their
-actors, the coordinator not involved. A cell is a threaded actor, so deliveries run while its
-step waits.
+constructor (Ray puts them in its object store once; data in memory); then its actor serves
+it over sockets for the whole fit (:class:`executors.actors.EngineGrid`): the coordinator's
+calls, and a cell's messages to its peers (coupling, partial sums, new subtrees) cell to cell.
 
 Cells are placed on the nodes the plan names when it was made for this cluster
 (``Resources.from_ray()``, whose worker names are the cluster's CPUs), otherwise where Ray
@@ -15,7 +13,7 @@ puts them (spread over the nodes). Each asks for one CPU, or an equal share of t
 cluster's CPUs when the grid has more cells than it has CPUs (``num_cpus``).
 
 Faults: a cell that raises stops the fit with a FitError naming it and the iteration; a cell
-whose process dies is named as soon as Ray reports its actor dead; with ``timeout_s``, one
+whose process dies is named as soon as its socket ends; with ``timeout_s``, one
 that does not answer in time is named. Every cell is killed (``ray.kill``) after the fit,
 however it ended. A Ray instance the executor started (``address=None`` and no Ray running in
 this process) is shut down after the fit.
@@ -31,19 +29,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from multiprocessing.connection import Connection, Listener
+from contextlib import contextmanager, suppress
 from typing import ClassVar
 
 from emgrid.models.errors import FitError
 
 from emgrid.planner.resources import Resources, ray_slots
 
-from .actors import forwarded_env, import_extra, last_exception_line, shipped_rows
+from .actors import EngineGrid, forwarded_env, import_extra, last_exception_line
 from .cell import Cell
 from .cellgrid import GridExecutor, WorkerLost, describe_error
-from .conns import ConnGrid, serve_relayed
-from .datafiles import NpyDataset
+from .conns import serve_relayed
 from .protocol import FitJob
 from .result import FitResult
 from .scratch import Scratch
@@ -108,17 +104,16 @@ class RayCell:
         serve_relayed(self.cell, coordinator, authkey, d, _import_ray().util.get_node_ip_address())
 
 
-class RayGrid(ConnGrid):
+class RayGrid(EngineGrid):
     """The coordinator's side: one actor per cell in the Ray cluster this process is connected
-    to, each serving its cell over a socket to this process and to the cells it meets."""
+    to, each serving its cell over sockets to this process and to the cells it meets."""
 
-    def __init__(self, job: FitJob, directory: str | None, timeout_s: float | None, startup_timeout_s: float,
-                 blas_threads: int | None, num_cpus: float | None):
-        super().__init__(job, timeout_s, startup_timeout_s)
-        self.directory, self.blas_threads, self.num_cpus = directory, blas_threads, num_cpus
+    engine = "Ray"
+
+    def __init__(self, job: FitJob, ex: RayExecutor):
+        super().__init__(job, ex)
+        self.num_cpus = ex.cell_cpus
         self.actors: list = []
-        self.conns: list[Connection | None] = [None] * len(self.cells)
-        self._serving: dict = {}  # each actor's ``serve`` call, by its reference
 
     def _options(self, ray) -> list[dict]:
         """Every cell's actor options: its CPUs, its node, no restarts."""
@@ -142,37 +137,22 @@ class RayGrid(ConnGrid):
     def resources_now(self) -> Resources:
         return Resources.from_ray()
 
-    def start(self) -> None:
+    def launch(self) -> None:
         ray = _import_ray()
-        job, n = self.job, len(self.cells)
-        remote = ray.remote(RayCell)
-        env = forwarded_env()
-        data = None if self.directory is not None else job.open_data()
-        for spec, options in zip(self.cells, self._options(ray)):
-            part = spec.view.model_for(spec.shard, job.model)
-            rows = None if data is None else shipped_rows(spec, part, data)
+        remote, env = ray.remote(RayCell), forwarded_env()
+        for (spec, part, rows), options in zip(self.shipped(), self._options(ray)):
             self.actors.append(remote.options(**options).remote(spec, part, self.directory, rows, self.blas_threads,
                                                                  env))
-        authkey = os.urandom(32)
-        listener = Listener((ray.util.get_node_ip_address(), 0), authkey=authkey)
-        try:
-            self._serving = {a.serve.remote(listener.address, authkey, self.shape[0]): i
-                             for i, a in enumerate(self.actors)}
-            self.accept_relayed(listener, self._ended_early, "Ray")
-        finally:
-            listener.close()
-        self.collect(dict.fromkeys(range(n)), "while starting", self.startup_timeout_s)
-        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
+        self.relay(ray.util.get_node_ip_address(), lambda i, *to: self.actors[i].serve.remote(*to, self.shape[0]))
 
-    def _ended_early(self) -> FitError | None:
-        """The FitError of a cell whose ``serve`` call ended while the cells started, if any:
-        its constructor raised (opening its rows, say), its process died, or it failed."""
+    def ended_early(self) -> FitError | None:
+        """Also when its constructor raised (opening its rows, say) or its process died."""
         ray = _import_ray()
         from ray.exceptions import RayActorError
 
-        done, _ = ray.wait(list(self._serving), num_returns=1, timeout=0.05)
+        done, _ = ray.wait(self.serving, num_returns=1, timeout=0.05)
         for ref in done:
-            i, when = self._serving[ref], "while starting"
+            i, when = self.serving.index(ref), "while starting"
             try:
                 ray.get(ref)
                 return FitError(f"{self.who(i)} ended {when}")
@@ -191,33 +171,27 @@ class RayGrid(ConnGrid):
         return None
 
     def waits(self, cells: list[int]) -> dict[int, str]:
-        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a second."""
+        """What each of ``cells`` waits for (:meth:`Cell.waits_for`), asked for at most a
+        second; one that does not answer counts as stuck."""
         ray = _import_ray()
         asked = {self.actors[i].waits_for.remote(): i for i in cells if i < len(self.actors)}
         ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=1.0) if asked else ([], [])
         out = {}
         for ref in ready:
-            try:
+            with suppress(Exception):
                 out[asked[ref]] = ray.get(ref)
-            except Exception:  # noqa: BLE001 - no answer: it counts as stuck
-                pass
         return out
 
     def close(self, failed: bool = False) -> None:
         """Asks the cells to stop (after a fit that ended well), then kills every cell's
-        actor (its process goes with it)."""
+        actor (its process goes with it; one already dead is passed over)."""
         ray = _import_ray()
         if not failed:
             self.ask_to_stop()
-        for c in self.conns:
-            if c is not None:
-                c.close()
-        self.conns = [None] * len(self.cells)
+        self.hang_up_all()
         for a in self.actors:
-            try:
+            with suppress(Exception):
                 ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
         self.actors = []
 
 
@@ -245,50 +219,39 @@ class RayExecutor(GridExecutor):
         self.address = address
         self.num_cpus = num_cpus
         self.cell_cpus = cell_cpus
-        self._scratch: Scratch | None = None
 
-    def _connect(self) -> bool:
-        """Connects this process to Ray; True when it was not connected before (then the
-        caller disconnects after, :meth:`_disconnect`)."""
+    @contextmanager
+    def _connected(self):
+        """This process connected to Ray inside the block: to the cluster it is connected to
+        already (left so), else to ``address`` or to a local instance started here, and
+        disconnected after (a local instance stops, and its scratch goes)."""
         ray = _import_ray()
         if ray.is_initialized():
-            return False
+            yield
+            return
+        scratch = None
         if self.address is None:
-            self._scratch = start_local(self.num_cpus)
+            scratch = start_local(self.num_cpus)
         else:
             ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
-        return True
-
-    def _disconnect(self) -> None:
-        """Disconnects from Ray; a local instance started here stops, and its scratch goes."""
-        ray = _import_ray()
-        scratch, self._scratch = self._scratch, None
         try:
-            ray.shutdown()
+            yield
         finally:
-            if scratch is not None:
-                scratch.close()
+            try:
+                ray.shutdown()
+            finally:
+                if scratch is not None:
+                    scratch.close()
 
     def default_resources(self) -> Resources:
-        ray = _import_ray()
-        if self.address is None and not ray.is_initialized():
+        if self.address is None and not _import_ray().is_initialized():
             return Resources.local()
-        opened = self._connect()
-        try:
+        with self._connected():
             return Resources.from_ray()
-        finally:
-            if opened:
-                self._disconnect()
 
     def _run(self, job: FitJob) -> FitResult:
-        opened = self._connect()
-        try:
-            directory = str(job.data.directory) if isinstance(job.data, NpyDataset) else None
-            return self.fit_on(lambda j: RayGrid(j, directory, self.timeout_s, self.startup_timeout_s,
-                                                 self.blas_threads, self.cell_cpus), job)
-        finally:
-            if opened:
-                self._disconnect()
+        with self._connected():
+            return self.fit_on(job, RayGrid)
 
 
 __all__ = ["RayExecutor", "RayCell", "RayGrid"]

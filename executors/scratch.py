@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 from . import warden
@@ -61,15 +62,11 @@ class Scratch:
         warden.clear(self.path, os.getpid(), kill=self.kill_at_close)
         w, self._warden = self._warden, None
         if w is not None:
-            try:
+            with suppress(OSError):  # it is gone: nothing left for it to do
                 w.stdin.write(warden.DONE)
                 w.stdin.close()
-            except OSError:
-                pass  # it is gone: nothing left for it to do
-            try:
+            with suppress(subprocess.TimeoutExpired):  # pragma: no cover - it exits at once on DONE
                 w.wait(5.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - it exits at once on DONE
-                pass
 
     def __enter__(self) -> "Scratch":
         return self

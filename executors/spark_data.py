@@ -35,7 +35,7 @@ from emgrid.models.init import data_shapes_unset
 from emgrid.models.tables import (Table, as_table, assemble, bind, check_columns, column_arrays, column_tree,
                                   missing_rows, needed_columns, value_lists)
 
-from .step import WorkerSpec
+from .step import PROTOCOL, WorkerSpec
 
 #: Spark SQL type names (``DataType.typeName()``) of the columns a pattern of numeric columns
 #: matches, as :func:`emgrid.models.tables.table_columns` counts a table's numeric columns.
@@ -141,7 +141,7 @@ class SparkFrame:
                     if blob is None:
                         part = (b.slice(rows.start, rows.stop - rows.start) if isinstance(rows, slice)
                                 else b.take(pa.array(rows)))
-                        blob = pickle.dumps({n: column_arrays(part.column(n), n) for n in names}, protocol=5)
+                        blob = pickle.dumps({n: column_arrays(part.column(n), n) for n in names}, protocol=PROTOCOL)
                         if key is not None:
                             made[key] = blob
                     out["cell"].append(cell)

@@ -36,9 +36,9 @@ import pickle
 import sys
 import threading
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing import Pipe
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Listener
 from time import perf_counter
 from typing import ClassVar
 
@@ -47,15 +47,15 @@ from emgrid.models.errors import ConfigError, FitError
 from emgrid.planner.plan import BalancePlan
 from emgrid.planner.resources import Resources, spark_slots
 
-from .actors import forwarded_env, last_exception_line, shipped_rows
+from .actors import EngineGrid, forwarded_env, last_exception_line
 from .cellgrid import GridExecutor, describe_error
-from .conns import ConnGrid, no_delay
-from .datafiles import NpyDataset
+from .conns import no_delay
 from .protocol import FitJob
 from .result import FitResult
 from .spark_data import SparkFrame, is_spark_frame
 from .spark_session import import_spark, is_local, start_session, stop_session
 from .spark_task import cell_task
+from .step import PROTOCOL
 from .threads import DEFAULT_BLAS_THREADS
 from .warden import pid_alive
 
@@ -64,15 +64,14 @@ STOP_GRACE_S = 10.0
 
 
 # ------------------------------------------------------------------ the driver side
-class SparkGrid(ConnGrid):
+class SparkGrid(EngineGrid):
     """The driver's side: the barrier stage running on a thread, one control socket per task."""
 
-    def __init__(self, job: FitJob, session, timeout_s: float | None, startup_timeout_s: float,
-                 blas_threads: int | None):
-        super().__init__(job, timeout_s, startup_timeout_s)
-        self.session, self.blas_threads = session, blas_threads
+    engine = "Spark"
+
+    def __init__(self, job: FitJob, ex: SparkExecutor, session):
+        super().__init__(job, ex)
         self.sc = session.sparkContext
-        self.conns: list[Connection | None] = [None] * len(self.cells)
         self.group = f"emgrid-{uuid.uuid4().hex[:12]}"
         self.error: BaseException | None = None
         self._done_r, self._done_w = None, None
@@ -84,17 +83,14 @@ class SparkGrid(ConnGrid):
 
     def _rdd(self):
         """The stage's input: one partition per cell (grid order), and what it holds."""
-        job, n = self.job, len(self.cells)
-        data = job.data
+        data, n = self.job.data, len(self.cells)
         if isinstance(data, SparkFrame):
-            return data.by_cell([row[0].start for row in self.layout], self.shape[1]), "frame", data.reader(), None
-        if isinstance(data, NpyDataset):
-            return self.sc.parallelize(range(n), n), "directory", None, str(data.directory)
-        rows = job.open_data()
-        cells = [shipped_rows(spec, spec.view.model_for(spec.shard, job.model), rows) for spec in self.cells]
-        return self.sc.parallelize(cells, n), "rows", None, None
+            return data.by_cell([row[0].start for row in self.layout], self.shape[1]), "frame", data.reader()
+        if self.directory is not None:
+            return self.sc.parallelize(range(n), n), "directory", None
+        return self.sc.parallelize([rows for _, _, rows in self.shipped()], n), "rows", None
 
-    def start(self) -> None:
+    def launch(self) -> None:
         from pyspark import InheritableThread
 
         job, n = self.job, len(self.cells)
@@ -102,10 +98,10 @@ class SparkGrid(ConnGrid):
         host = "127.0.0.1" if is_local(self.sc) else self.sc.getConf().get("spark.driver.host")
         self._listener = Listener((host, 0), authkey=authkey)
         self._done_r, self._done_w = Pipe(duplex=False)
-        parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=5) for s in range(self.shape[1])]
-        rdd, source, reader, directory = self._rdd()
-        task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader, directory,
-                          self.blas_threads, forwarded_env())
+        parts = [pickle.dumps(self.view.model_for(s, job.model), protocol=PROTOCOL) for s in range(self.shape[1])]
+        rdd, source, reader = self._rdd()
+        task = cell_task(self._listener.address, authkey, is_local(self.sc), self.cells, source, reader,
+                         self.directory, self.blas_threads, forwarded_env())
         stage = rdd.barrier().mapPartitions(task)
 
         def run_stage():
@@ -120,9 +116,6 @@ class SparkGrid(ConnGrid):
         self._stage = InheritableThread(target=run_stage, daemon=True, name="emgrid-spark-stage")
         self._stage.start()
         self._accept(n, parts)
-        del parts
-        self.collect(dict.fromkeys(range(n)), "while starting", self.startup_timeout_s)
-        self.infos = self.call_all("info", (), "while starting", self.startup_timeout_s)
 
     def _accept(self, n: int, parts: list[bytes]) -> None:
         """Waits until every task has connected and sends each its shard's part (``parts``,
@@ -130,14 +123,12 @@ class SparkGrid(ConnGrid):
         got: list = []
 
         def accept():
-            try:
+            with suppress(OSError, EOFError):
                 for _ in range(n):
                     conn = no_delay(self._listener.accept())
                     i = conn.recv()
                     conn.send_bytes(parts[self.cells[i].shard])
                     got.append((i, conn))
-            except (OSError, EOFError):
-                pass
 
         threading.Thread(target=accept, daemon=True, name="emgrid-spark-accept").start()
         deadline = perf_counter() + self.startup_timeout_s
@@ -192,9 +183,7 @@ class SparkGrid(ConnGrid):
             if self._stage.is_alive():
                 self.sc.cancelJobGroup(self.group)
                 self._stage.join(30.0)
-        for c in self.conns:
-            if c is not None:
-                c.close()
+        self.hang_up_all()
         if self._listener is not None:
             self._listener.close()
         for end in (self._done_r, self._done_w):
@@ -290,8 +279,7 @@ class SparkExecutor(GridExecutor):
     def _run(self, job: FitJob) -> FitResult:
         with self.opened():
             session = self.spark(job.data)
-            return self.fit_on(lambda j: SparkGrid(j, session, self.timeout_s, self.startup_timeout_s,
-                                                   self.blas_threads), job)
+            return self.fit_on(job, SparkGrid, session)
 
 
 __all__ = ["SparkExecutor", "SparkGrid"]

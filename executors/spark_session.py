@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from contextlib import suppress
 
 from emgrid.models.errors import ConfigError
 
@@ -64,15 +65,11 @@ def stop_session(session) -> None:
     if gateway is None:
         return
     proc = getattr(gateway, "proc", None)
-    try:
+    with suppress(Exception):  # a gateway already gone
         gateway.shutdown()
-    except Exception:  # noqa: BLE001 - a gateway already gone
-        pass
     if proc is not None:
-        try:
+        with suppress(OSError, AttributeError):
             proc.stdin.close()  # the JVM's launcher exits when its stdin closes
-        except (OSError, AttributeError):
-            pass
         try:
             proc.wait(10)
         except Exception:  # noqa: BLE001 - still running: ended below

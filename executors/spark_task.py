@@ -27,7 +27,7 @@ def cell_task(coordinator, authkey: bytes, local: bool, specs, source: str, read
         ctx = BarrierTaskContext.get()
         i = ctx.partitionId()
         spec = specs[i]
-        d, m = len(specs) // spec.view.n_shards, spec.view.n_shards
+        d = len(specs) // spec.view.n_shards
         # a local master's tasks listen on loopback, a cluster's on their executor's address
         host = "127.0.0.1" if local else ctx.getTaskInfos()[i].address.rsplit(":", 1)[0]
         control = no_delay(Client(coordinator, authkey=authkey))

@@ -73,11 +73,6 @@ class WorkerSpec:
         return self.view.roots_of(self.shard)
 
     @property
-    def spanning(self) -> tuple[str, ...]:
-        """The spanning nodes, which every shard evaluates."""
-        return self.view.spanning
-
-    @property
     def replica_roots(self) -> tuple[tuple[str, ...], ...]:
         """Every shard's roots (by shard), in the order its coupling messages carry them."""
         return self.view.roots_by_shard
@@ -152,11 +147,6 @@ class ShareReport(NamedTuple):
     stats_bytes: int
     peak_bytes: int  # see executors.memory
     baseline_bytes: int
-
-    def share(self, stats: Stats) -> WorkerShare:
-        """The worker's share again, on the coordinator, with its statistics unpickled."""
-        return WorkerShare(stats=stats, loglik=self.loglik, compute_s=self.compute_s, coupling_s=self.coupling_s,
-                           coupling_bytes=self.coupling_bytes, receive_s=self.receive_s, peak_bytes=self.peak_bytes)
 
 
 class ShardPayloads(Sequence[bytes]):

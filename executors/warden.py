@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import time
+from contextlib import suppress
 
 #: The file of a scratch folder naming its owner: ``"PID START_TIME"``.
 OWNER = "owner"
@@ -59,31 +60,22 @@ def alive(pid: int, started: str | None) -> bool:
 def _uses(pid: str, folder: str) -> bool:
     inside = folder + os.sep
     base = f"/proc/{pid}"
-    try:
+    with suppress(OSError):
         cwd = os.readlink(f"{base}/cwd")
         if cwd == folder or cwd.startswith(inside):
             return True
-    except OSError:
-        pass
-    try:
+    with suppress(OSError):
         with open(f"{base}/environ", "rb") as f:
             env = f.read().split(b"\0")
         tagged = {k + folder.encode() for k in _ENV_KEYS}
         if any(e in tagged or (e.startswith(_ENV_KEYS) and e.partition(b"=")[2].startswith(inside.encode()))
                for e in env):
             return True
-    except OSError:
-        pass
-    try:
+    with suppress(OSError):
         for fd in os.listdir(f"{base}/fd"):
-            try:
-                target = os.readlink(f"{base}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith(inside):
-                return True
-    except OSError:
-        pass
+            with suppress(OSError):
+                if os.readlink(f"{base}/fd/{fd}").startswith(inside):
+                    return True
     return False
 
 
@@ -116,10 +108,8 @@ def clear(folder, owner: int | None, within_s: float = 10.0, kill: bool = True) 
             if not left or time.monotonic() > end:
                 break
             for pid in left:
-                try:
+                with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
             time.sleep(0.05)
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -127,14 +117,9 @@ def clear(folder, owner: int | None, within_s: float = 10.0, kill: bool = True) 
 def main(argv: list[str]) -> int:
     folder, owner = argv[0], int(argv[1])
     said = b""
-    try:
-        while True:
-            chunk = os.read(0, 4096)
-            if not chunk:
-                break
+    with suppress(OSError):
+        while chunk := os.read(0, 4096):
             said += chunk
-    except OSError:
-        pass
     if said != DONE:  # the owner died, or ended without clearing the folder itself
         clear(folder, owner if alive(owner, None) else None)
     return 0

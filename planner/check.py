@@ -3,8 +3,9 @@
 ``plan_from_assignment`` checks its arguments with the pieces below; ``validate_plan`` and
 the executors' ``optimize`` check a finished plan with :func:`check_plan_structure`, which
 calls the same pieces, so one fault raises one ``PlanError`` wherever it is found. Nothing
-here prices a plan: ``validate_plan`` recomputes the figures and the memory on top. This
-module does not import OR-Tools.
+here prices a plan: ``validate_plan`` recomputes the figures and the memory on top (a plan run
+without its resources has its figures checked against each other, :func:`check_plan_figures`).
+This module does not import OR-Tools.
 """
 
 from __future__ import annotations
@@ -198,6 +199,20 @@ def check_plan_structure(plan: BalancePlan, model: Node, n_data: int, resources:
     grid = check_placement(plan.worker_grid(), d, m, resources)
     check_rows(plan.replica_rows, d, n_data)
     return PlanStructure(leaf_shard=leaf_shard, grid=grid, facts=facts)
+
+
+def check_plan_figures(plan: BalancePlan) -> None:
+    """A plan run without the resources it was made for (``validate_plan`` needs them) still
+    agrees with itself: every worker's rows are its replica's, and its predicted memory is
+    within its recorded limit. PlanError naming the worker otherwise (a plan edited by hand)."""
+    for w in plan.per_worker:
+        if not 0 <= w.replica < len(plan.replica_rows) or w.rows != plan.replica_rows[w.replica]:
+            raise PlanError(f"plan: worker {w.name!r} has {w.rows} rows but replica {w.replica} has "
+                            f"{plan.replica_rows[w.replica] if 0 <= w.replica < len(plan.replica_rows) else 'none'} "
+                            "(replica_rows); plan again, or pass the resources to validate it")
+        if w.memory_limit is not None and w.memory_bytes > w.memory_limit:
+            raise PlanError(f"plan: worker {w.name!r} needs {w.memory_bytes} bytes but its memory_limit is "
+                            f"{w.memory_limit}; plan again, or pass the resources to validate it")
 
 
 def _raise_repeated_leaf(plan: BalancePlan, s: int) -> None:

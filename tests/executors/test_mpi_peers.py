@@ -56,7 +56,7 @@ def test_this_host_is_the_same_for_two_processes_of_it():
 def link_with_peer(pid: int) -> MpiLink:
     mpi = pytest.importorskip("mpi4py.MPI")
     who = ["worker 'w0' (replica 0, shard 0, rank 0, pid 1)", f"worker 'w1' (replica 0, shard 1, rank 1, pid {pid})"]
-    return MpiLink(mpi.COMM_SELF, 0, who, None, 120.0, peers={1: pid})  # one rank: no abort at exit
+    return MpiLink(mpi.COMM_SELF, 0, who, None, peers={1: pid})  # one rank: no abort at exit
 
 
 def test_a_wait_names_a_dead_peer_within_a_look_or_two():
