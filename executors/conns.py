@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from multiprocessing.connection import Client, Connection, Listener, wait
 from time import perf_counter
 
@@ -63,10 +64,8 @@ def serve(make_cell: Callable[[], tuple[Cell, dict[tuple[int, int], Connection]]
 
 def tell(control: Connection, message) -> None:
     """Sends ``message`` to the coordinator unless it is gone."""
-    try:
+    with suppress(OSError):
         control.send(message)
-    except OSError:
-        pass
 
 
 def no_delay(conn: Connection) -> Connection:
@@ -83,14 +82,9 @@ def no_delay(conn: Connection) -> Connection:
 def hang_up(conn: Connection) -> None:
     """Shuts a TCP connection down, then closes it: a thread blocked reading it gets its end of
     file (closing alone does not wake it)."""
-    try:
-        s = socket.socket(fileno=os.dup(conn.fileno()))
-        try:
+    with suppress(OSError):  # closed already, or the peer went first
+        with socket.socket(fileno=os.dup(conn.fileno())) as s:
             s.shutdown(socket.SHUT_RDWR)
-        finally:
-            s.close()
-    except OSError:
-        pass  # closed already, or the peer went first
     conn.close()
 
 
@@ -190,8 +184,6 @@ class ConnLink:
 class ConnGrid(CellGrid):
     """The coordinator's side: ``conns[i]`` is cell ``i``'s control connection (grid order)."""
 
-    ordered = True  # a cell takes its connection's calls in order
-
     conns: list[Connection]
 
     def sentinel(self, i: int):
@@ -199,23 +191,23 @@ class ConnGrid(CellGrid):
         sentinel), or None."""
         return None
 
-    def accept_relayed(self, listener: Listener, ended_early: Callable[[], BaseException | None], engine: str) -> None:
-        """The coordinator's side of :func:`serve_relayed`: accepts every cell's connection
-        (``conns``) on ``listener`` and relays every cell's address to all; raises what
-        ``ended_early`` returns (a cell whose engine call ended while the cells started), or
-        a FitError naming those that did not connect within the startup timeout."""
+    def accept(self, listener: Listener, greet: Callable[[Connection], int],
+               ended_early: Callable[[], BaseException | None], late: str) -> None:
+        """Accepts every cell's control connection on ``listener`` into :attr:`conns` (on a
+        thread; ``greet(conn)``, the first exchange on a connection, returns its cell's grid
+        index). Raises what ``ended_early`` returns (a cell whose engine call or task ended
+        while the cells started; it waits about 50 ms), or after the startup timeout a
+        FitError naming the cells that did not connect, ``late`` saying why that may be."""
         n = len(self.cells)
-        got: dict[int, tuple] = {}
+        got: set[int] = set()
 
         def accept():
-            try:
+            with suppress(OSError, EOFError):
                 for _ in range(n):
                     conn = no_delay(listener.accept())
-                    i, address = conn.recv()
+                    i = greet(conn)
                     self.conns[i] = conn
-                    got[i] = address
-            except (OSError, EOFError):
-                pass
+                    got.add(i)
 
         threading.Thread(target=accept, daemon=True, name="emgrid-accept").start()
         deadline = perf_counter() + self.startup_timeout_s
@@ -226,28 +218,34 @@ class ConnGrid(CellGrid):
             if perf_counter() > deadline:
                 missing = [i for i in range(n) if i not in got]
                 raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
-                               f"{', '.join(self.who(i) for i in missing)}: {engine} did not start their call")
-        addresses = [got[i] for i in range(n)]
+                               f"{', '.join(self.who(i) for i in missing)}: {late}")
+
+    def accept_relayed(self, listener: Listener, ended_early: Callable[[], BaseException | None], engine: str) -> None:
+        """The coordinator's side of :func:`serve_relayed`: :meth:`accept` (``engine`` names
+        the engine that did not start a cell's call), then every cell's address to all."""
+        addresses: dict[int, tuple] = {}
+
+        def greet(conn: Connection) -> int:
+            i, addresses[i] = conn.recv()
+            return i
+
+        self.accept(listener, greet, ended_early, f"{engine} did not start their call")
         for c in self.conns:
-            c.send(addresses)
+            c.send([addresses[i] for i in range(len(self.cells))])
 
     def ask_to_stop(self) -> None:
         """Tells every cell still connected to stop (it returns from :func:`serve`)."""
         for c in self.conns:
             if c is not None:
-                try:
+                with suppress(OSError):  # the worker is gone already
                     c.send(("stop", None))
-                except OSError:
-                    pass  # the worker is gone already
 
     def call(self, i: int, method: str, *args) -> None:
         marked, bodies = split_raw(args)
-        try:
+        with suppress(OSError):  # the worker is gone: the next answers awaited name it (its sentinel)
             self.conns[i].send((method, marked))
             for body in bodies:
                 self.conns[i].send_bytes(body)
-        except OSError:
-            pass  # the worker is gone: the next answers awaited name it (its sentinel)
 
     def poll(self, calls: dict[int, object], wait_s: float, when: str) -> list[tuple[int, object]]:
         conns = {self.conns[i]: i for i in calls}

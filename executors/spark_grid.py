@@ -36,10 +36,9 @@ import pickle
 import sys
 import threading
 import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from multiprocessing import Pipe
 from multiprocessing.connection import Listener
-from time import perf_counter
 from typing import ClassVar
 
 from emgrid.models import Node
@@ -49,7 +48,6 @@ from emgrid.planner.resources import Resources, spark_slots
 
 from .actors import EngineGrid, forwarded_env, last_exception_line
 from .cellgrid import GridExecutor, describe_error
-from .conns import no_delay
 from .protocol import FitJob
 from .result import FitResult
 from .spark_data import SparkFrame, is_spark_frame
@@ -120,28 +118,19 @@ class SparkGrid(EngineGrid):
     def _accept(self, n: int, parts: list[bytes]) -> None:
         """Waits until every task has connected and sends each its shard's part (``parts``,
         pickled, by shard), or until the stage ended, or the startup timeout."""
-        got: list = []
 
-        def accept():
-            with suppress(OSError, EOFError):
-                for _ in range(n):
-                    conn = no_delay(self._listener.accept())
-                    i = conn.recv()
-                    conn.send_bytes(parts[self.cells[i].shard])
-                    got.append((i, conn))
+        def greet(conn) -> int:
+            i = conn.recv()
+            conn.send_bytes(parts[self.cells[i].shard])
+            return i
 
-        threading.Thread(target=accept, daemon=True, name="emgrid-spark-accept").start()
-        deadline = perf_counter() + self.startup_timeout_s
-        while len(got) < n:
+        def ended_early():
             if self._done_r.poll(0.05):
-                raise self._stage_failed("while starting", [i for i in range(n) if i not in dict(got)])
-            if perf_counter() > deadline:
-                missing = sorted(set(range(n)) - {i for i, _ in got})
-                raise FitError(f"no answer within {self.startup_timeout_s:g} s while starting from "
-                               f"{', '.join(self.who(i) for i in missing)}: Spark did not start its task(s) "
-                               f"(the barrier stage needs {n} task slots at once; the session has {spark_slots(self.sc)})")
-        for i, conn in got:
-            self.conns[i] = conn
+                return self._stage_failed("while starting", [i for i in range(n) if self.conns[i] is None])
+            return None
+
+        self.accept(self._listener, greet, ended_early, f"Spark did not start its task(s) (the barrier stage needs "
+                                                        f"{n} task slots at once; the session has {spark_slots(self.sc)})")
 
     def _stage_failed(self, when: str, cells: list[int]) -> FitError:
         summary = self._summary()
