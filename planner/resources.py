@@ -168,15 +168,14 @@ def available_memory_bytes() -> int | None:
 # Dask and Ray report their workers to whoever asks; the executors of the same names place
 # the grid's cells with the slot names below (``executors.dask_grid``, ``executors.ray_grid``).
 
-#: Dask actors on one machine: an actor call crosses two event loops, a TCP connection and
-#: the cell's step thread. ``bench/scaling.py`` measured 9-12 ms per iteration beyond
-#: ``local`` on a tiny model with this machine's cores shared (multiprocessing: 1.2-1.5 ms in
-#: the same runs, 0.25 ms on the idle machine); 1 ms a collective is that scaled to an idle
-#: machine, to be measured again there.
-DASK_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
-#: Ray actors on one machine: remote calls through the raylet (8-13 ms per iteration beyond
-#: ``local`` in the same runs as Dask's); the same estimate.
-RAY_ACTORS = Network(latency_s=1e-3, bytes_per_s=1e9)
+#: Dask and Ray cells on one machine: each actor's one long call serves its cell over
+#: authenticated TCP sockets to the coordinator and to the cells it meets
+#: (``executors.conns.serve_relayed``), as Spark's tasks are, with the engine's own threads
+#: beside it in the worker's process: ``bench/scaling.py`` measured 1.07 ms per 2x1
+#: iteration beyond ``local`` for both (Spark 0.77 ms) and a 1x2 fit's 3.2 MB of coupling per
+#: iteration in the time Spark took.
+DASK_ACTORS = Network(latency_s=400e-6, bytes_per_s=2e9)
+RAY_ACTORS = DASK_ACTORS
 #: Spark barrier tasks: authenticated TCP sockets task to task and to the driver
 #: (``executors.spark_grid``); on one machine, loopback.
 SPARK_TASKS = Network(latency_s=300e-6, bytes_per_s=2e9)
