@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from emgrid.models import Node, complete_shapes, concat_rows, from_spec, load_model
+from emgrid.models import Node, Ragged, complete_shapes, concat_rows, from_spec, load_model
 from emgrid.models.errors import ConfigError, DataError
+from emgrid.models.files import load_npy, load_npz
 from emgrid.models.tables import FILE_SUFFIXES, Table, bind
-
-from emgrid.executors.datafiles import load_npy, load_npz, row_shapes
 
 from .config import RunConfig
 
@@ -76,6 +75,17 @@ def _load_file(path: Path, cfg: RunConfig, model: Node):
     if path.suffix == ".npz":
         return load_npz(path)
     raise ConfigError(f"[data] file {str(path)!r} must be .npy, .npz, .parquet or .csv")
+
+
+def row_shapes(data) -> list:
+    """The shape of one row of every column (a signature two parts of one dataset share)."""
+    if data is None:
+        return [None]
+    if isinstance(data, tuple):
+        return [("tuple", len(data))] + [s for d in data for s in row_shapes(d)]
+    if isinstance(data, Ragged):
+        return [("ragged",)] + row_shapes(data.values)
+    return [tuple(np.shape(data)[1:])]
 
 
 def _shape_text(part) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 from emgrid.models import Node, Ragged, n_rows
 from emgrid.models.data import Data, with_dtype
 from emgrid.models.errors import DataError
-from emgrid.models.files import regular_file
+from emgrid.models.files import npy_header
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
 
 from . import tables
@@ -215,7 +215,7 @@ class NpyDataset:
         """Rows ``start:stop`` of one ``.npy`` file, memory-mapped from its first row's byte."""
         path = self.directory / name
         with open(path, "rb") as f:
-            shape, fortran, dtype, header = _npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
+            shape, fortran, dtype, header = npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
         if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
             return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
@@ -269,94 +269,3 @@ def _read_as(path: Path, offset: int, shape: tuple, stored: np.dtype, dtype: np.
                 raise DataError(f"{str(path)!r} ends before its header's {flat.size} values: it is damaged")
             flat[a:a + n] = chunk
     return out
-
-
-def _npy_header(f, where: str, size: int) -> tuple[tuple, bool, np.dtype, int]:
-    """``(shape, fortran, dtype, header bytes)`` of the ``.npy`` stream ``f`` (at its start),
-    of ``size`` bytes in all; DataError naming ``where`` when it is no ``.npy``, its header is
-    damaged, it holds Python objects, or it holds fewer bytes than its header claims."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-    except ValueError:
-        raise DataError(f"{where} is not a .npy file ({'empty' if size == 0 else 'no NumPy magic at its start'})") from None
-    try:
-        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, fortran, dtype = read_header(f)
-    except (ValueError, EOFError, SyntaxError) as e:
-        raise DataError(f"{where} has a damaged .npy header ({str(e).splitlines()[0][:120]})") from None
-    header = f.tell()
-    if dtype.hasobject:
-        raise DataError(f"{where} holds Python objects ({dtype}), not numbers; emgrid does not unpickle data")
-    claimed = dtype.itemsize * int(np.prod(shape, dtype=object))
-    if size - header < claimed:
-        raise DataError(f"{where} is truncated: its header claims shape {tuple(shape)} of {dtype} "
-                        f"({claimed:,} bytes), the file holds {size - header:,} bytes after the header")
-    return tuple(shape), fortran, dtype, header
-
-
-def load_npy(path) -> np.ndarray:
-    """A ``.npy`` file of numbers, memory-mapped; DataError naming the file and what is wrong
-    (a folder, a FIFO or device, not a ``.npy`` file, a truncated header, Python objects,
-    fewer bytes than its header claims)."""
-    p = Path(path)
-    size = regular_file(p, "data file", DataError)
-    try:
-        with open(p, "rb") as f:
-            shape, _, dtype, _ = _npy_header(f, repr(str(p)), size)
-    except OSError as e:
-        raise DataError(f"cannot read {str(p)!r}: {e.strerror}") from None
-    try:
-        if dtype.itemsize * int(np.prod(shape, dtype=object)) == 0:
-            return np.load(p, allow_pickle=False)
-        return np.load(p, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"cannot read {str(p)!r}: {str(e).splitlines()[0][:160]}") from None
-
-
-def load_npz(path) -> Data:
-    """The data of a ``.npz`` file (``models.data.unflatten``'s layout); DataError naming the
-    file and what is wrong (a folder, a FIFO or device, not a zip archive, a member that is no
-    ``.npy``, is pickled or holds fewer bytes than its header claims, arrays the layout does
-    not use). Each member's header is checked against the member's size before it is read."""
-    import zipfile
-
-    from emgrid.models.data import flatten, unflatten
-
-    p = Path(path)
-    regular_file(p, "data file", DataError)
-    try:
-        if not zipfile.is_zipfile(p):
-            raise DataError(f"{str(p)!r} is not a .npz file (not a zip archive, or truncated)")
-        with zipfile.ZipFile(p) as zf:
-            for info in zf.infolist():
-                if info.filename.endswith(".npy"):
-                    with zf.open(info) as m:
-                        _npy_header(m, f"{str(p)!r}: array {info.filename[:-4]!r}", info.file_size)
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {}
-            for k in z.files:
-                try:
-                    arrays[k] = z[k]
-                except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-                    raise DataError(f"{str(p)!r}: array {k!r} cannot be read "
-                                    f"({str(e).splitlines()[0][:120]})") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
-        raise DataError(f"cannot read {str(p)!r}: {getattr(e, 'strerror', None) or str(e).splitlines()[0][:120]}") from None
-    data = unflatten(arrays)
-    extra = sorted(set(arrays) - set(flatten(data)))
-    if extra:
-        raise DataError(f"{str(p)!r} has arrays the data layout does not use: {', '.join(extra[:8])}"
-                        f"{' ...' if len(extra) > 8 else ''} (it reads {', '.join(sorted(flatten(data))[:8])})")
-    return data
-
-
-def row_shapes(data) -> list:
-    """The shape of one row of every column (a signature two parts of one dataset share)."""
-    if data is None:
-        return [None]
-    if isinstance(data, tuple):
-        return [("tuple", len(data))] + [s for d in data for s in row_shapes(d)]
-    if isinstance(data, Ragged):
-        return [("ragged",)] + row_shapes(data.values)
-    return [tuple(np.shape(data)[1:])]

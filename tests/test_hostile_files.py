@@ -29,13 +29,13 @@ import numpy as np
 import pytest
 
 from emgrid.executors import optimize
-from emgrid.executors.datafiles import SCRATCH_PREFIX, load_npy, load_npz, new_table_scratch
+from emgrid.executors.datafiles import SCRATCH_PREFIX, new_table_scratch
 from emgrid.models import (HMM, Categorical, Composite, DiagGaussian, Gaussian, Mixture, Poisson, ShardView, from_spec,
                            load_model)
 from emgrid.models.base import FAMILIES
 from emgrid.models.columns import MAX_ABS_VALUE
 from emgrid.models.errors import ConfigError, DataError, FitError, SpecError
-from emgrid.models.files import MAX_SPEC_FILE_BYTES
+from emgrid.models.files import MAX_SPEC_FILE_BYTES, load_npy, load_npz
 from emgrid.models.schema import MAX_SPEC_NODES, spec_node_count
 from emgrid.models.sharded import save_model_sharded
 from emgrid.models.tables import Table
