@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +140,6 @@ def load_npz(path) -> Data:
     file and what is wrong (a folder, a FIFO or device, not a zip archive, a member that is no
     ``.npy``, is pickled or holds fewer bytes than its header claims, arrays the layout does
     not use). Each member's header is checked against the member's size before it is read."""
-    import zipfile
-
-
     p = Path(path)
     regular_file(p, "data file", DataError)
     try:
