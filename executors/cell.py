@@ -47,7 +47,7 @@ from emgrid.models.regularize import Regularization
 
 from . import coupling
 from .datafiles import NpyDataset
-from .memory import PeakMeter, map_large_blocks, restore_allocator, warm_up
+from .memory import PeakMeter, tune_allocator, restore_allocator, warm_up
 from .mstep import Partial, ShardPart, column_reduce, report_payload
 from .step import PROTOCOL, ShareReport, WorkerSpec, WorkerStep
 from .threads import environment, probe
@@ -158,7 +158,7 @@ class Cell:
     def __init__(self, spec: WorkerSpec, model: Node, directory: str | None, rows: Data | None,
                  blas_threads: int | None = None, env: dict[str, str] | None = None):
         self.spec = spec
-        map_large_blocks()  # given back at close(): see executors.memory
+        tune_allocator()  # given back at close(): see executors.memory
         self._limits = None
         if blas_threads is not None:
             from threadpoolctl import threadpool_limits

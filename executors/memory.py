@@ -135,12 +135,12 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 _MALLOC_ENV = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
 GLIBC_THRESHOLD = 128 << 10
 #: Blocks of this size or more are mapped on their own and unmapped when freed (what a
-#: worker process sets, :func:`map_large_blocks`): tables of parameters and statistics,
+#: cell sets, :func:`tune_allocator`): tables of parameters and statistics,
 #: received messages, not a block's working arrays.
 LARGE_BLOCK_BYTES = 4 << 20
 
 
-def map_large_blocks() -> None:
+def tune_allocator() -> None:
     """Sets glibc's allocator of a process while it holds a grid cell: every block of
     :data:`LARGE_BLOCK_BYTES` or more is mapped on its own (and unmapped when freed), smaller
     ones come from the heap, whose free top is handed back to the kernel beyond twice that

@@ -78,7 +78,7 @@ def faults():  # minor page faults of 40 blocks of 3 MiB, each filled and freed
 
 faults()
 told = faults()
-memory.map_large_blocks()
+memory.tune_allocator()
 faults()
 cell = faults()
 memory.restore_allocator()
