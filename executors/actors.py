@@ -63,10 +63,11 @@ def last_exception_line(report: str, otherwise: str) -> str:
 
 def shipped_rows(spec: WorkerSpec, model_part: Node, data: Data) -> Data:
     """What the coordinator ships a cell of in-memory data: its replica's rows, only the
-    columns its shard reads (views; the engine serializes them once)."""
-    from emgrid.models import take_rows
+    columns its shard reads, vectors column-major as a mapping cell's (the engine serializes
+    them once)."""
+    from emgrid.models.data import column_major, take_rows
 
-    return spec.view.columns_for(spec.shard, model_part, take_rows(data, spec.start, spec.stop))
+    return column_major(spec.view.columns_for(spec.shard, model_part, take_rows(data, spec.start, spec.stop)))
 
 
 class EngineGrid(ConnGrid):

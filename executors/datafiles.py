@@ -30,6 +30,8 @@ from . import tables
 from .warden import pid_alive
 
 LAYOUT = "layout.json"
+#: Rows copied at a time into a column-major file (``NpyDataset.write``).
+WRITE_ROWS = 1 << 16
 #: The name of every table dataset's scratch folder begins so: ``emgrid-table-<host>-<pid>-<tag>``.
 SCRATCH_PREFIX = "emgrid-table-"
 
@@ -125,7 +127,16 @@ class NpyDataset:
 
         def save(arr):
             name = f"c{next(counter)}.npy"
-            np.save(directory / name, np.asarray(arr), allow_pickle=False)
+            arr = np.asarray(arr)
+            if arr.ndim == 2 and not arr.flags.f_contiguous:  # vectors column-major (models.data)
+                out = np.lib.format.open_memmap(directory / name, mode="w+", dtype=arr.dtype, shape=arr.shape,
+                                                fortran_order=True)
+                for a in range(0, arr.shape[0], WRITE_ROWS):
+                    out[a:a + WRITE_ROWS] = arr[a:a + WRITE_ROWS]
+                out.flush()
+                del out
+            else:
+                np.save(directory / name, arr, allow_pickle=False)
             return name
 
         layout = put(data)
@@ -216,7 +227,7 @@ class NpyDataset:
         path = self.directory / name
         with open(path, "rb") as f:
             shape, fortran, dtype, header = npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
-        if fortran and len(shape) > 1:  # not written by ``write``: slice a whole mapping
+        if fortran and len(shape) > 1:  # a column-major file (``write``'s vectors): rows of the whole mapping
             return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         rows = (stop - start,) + tuple(shape[1:])
@@ -238,26 +249,36 @@ class NpyDataset:
 
 
 def rows_as(data: Data, dtype: str) -> Data:
-    """A worker's rows (its shard's columns) with their floats in ``dtype``: an array mapped
-    whole from a ``.npy`` file (:meth:`NpyDataset.open_rows`) is read from the file into the
-    new type (:func:`_read_as`), so the mapped pages of the stored copy are never touched;
-    others are cast (``models.data.with_dtype``)."""
+    """A worker's rows (its shard's columns) with their floats in ``dtype``: rows mapped from
+    a ``.npy`` file (:meth:`NpyDataset.open_rows`; a column-major file's rows column by
+    column) are read from the file into the new type (:func:`_read_as`), so the mapped pages
+    of the stored copy are never touched; others are cast (``models.data.with_dtype``)."""
 
     def read(a: np.ndarray, dtype: str) -> np.ndarray:
         mapped = a.base
-        if isinstance(mapped, np.memmap) and mapped.shape == a.shape and mapped.filename is not None:
-            return _read_as(Path(mapped.filename), mapped.offset, a.shape, a.dtype, np.dtype(dtype))
+        while isinstance(mapped, np.ndarray) and isinstance(mapped.base, np.ndarray):
+            mapped = mapped.base  # the mapping of the whole file, whose offset is its first byte's
+        if not isinstance(mapped, np.memmap) or mapped.filename is None:
+            return a.astype(dtype)
+        path = Path(mapped.filename)
+        start = mapped.offset + (a.ctypes.data - mapped.ctypes.data)  # a's first value, in the file
+        if a.flags.c_contiguous:
+            return _read_as(path, start, a.dtype, np.empty(a.shape, dtype=dtype))
+        if a.ndim == 2 and a.strides[0] == a.itemsize:  # rows of a column-major file: column by column
+            out = np.empty(a.shape, dtype=dtype, order="F")
+            for j in range(a.shape[1]):
+                _read_as(path, start + j * a.strides[1], a.dtype, out[:, j])
+            return out
         return a.astype(dtype)
 
     return with_dtype(data, dtype, read)
 
 
-def _read_as(path: Path, offset: int, shape: tuple, stored: np.dtype, dtype: np.dtype) -> np.ndarray:
-    """The ``shape`` values of ``stored`` type at byte ``offset`` of ``path``, as a new
-    ``dtype`` array: read in chunks of 128 KiB (not mapped, so the stored copy never counts
-    in the process's memory beside the cast one, and a chunk stays within the allowance
-    every worker's plan keeps for what no row count scales)."""
-    out = np.empty(shape, dtype=dtype)
+def _read_as(path: Path, offset: int, stored: np.dtype, out: np.ndarray) -> np.ndarray:
+    """``out`` (contiguous) filled with as many values of ``stored`` type from byte ``offset``
+    of ``path``, cast to its type: read in chunks of 128 KiB (not mapped, so the stored copy
+    never counts in the process's memory beside the cast one, and a chunk stays within the
+    allowance every worker's plan keeps for what no row count scales)."""
     flat = out.reshape(-1)
     per = max(1, (128 << 10) // stored.itemsize)
     with open(path, "rb") as f:

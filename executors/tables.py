@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from emgrid.models.columns import MAX_ABS_VALUE, encode_values
+from emgrid.models.data import vector_rows
 from emgrid.models.errors import DataError
 from emgrid.models.tables import Col, arrow_error, column_arrays, csv_sample, file_columns, missing_rows, pyarrow_module
 
@@ -162,7 +163,7 @@ def read_rows(directory: Path, node: dict, start: int, stop: int) -> np.ndarray:
     missing_rows(cols, False, first_row=start)  # refuses a missing value, naming its column and row
     col = Col(tuple(names), node["leaf"], "")
     if col.kind == "vec":
-        x = np.column_stack([np.asarray(cols[n][0], dtype=np.float64) for n in names])
+        x = vector_rows(np.asarray(cols[n][0], dtype=np.float64) for n in names)
         _check_floats(x, names, start, node["source"]["file"])
         return x
     x = cols[names[0]][0]

@@ -1,7 +1,10 @@
 """The columnar data encoding shared by every node.
 
 - A scalar leaf's data is a 1-D array (float64 for Gaussian/Exponential, int64 for
-  Categorical/Poisson); a vector leaf's is a 2-D ``(n, d)`` float64 array.
+  Categorical/Poisson); a vector leaf's is a 2-D ``(n, d)`` float64 array, of either memory
+  order. emgrid builds and stores vectors column-major (:func:`vector_rows`): the batched
+  kernels read a block of rows one coordinate at a time, which a row-major block makes a
+  transposing copy (the largest cost of a diagonal mixture's E-step beside its products).
 - A ``Composite``'s data is a tuple with one entry per field, each that field's data.
 - A ``Sequence``'s or ``HMM``'s data is a :class:`Ragged`: ``values`` is the child's data for
   all positions of all rows laid end to end, ``offsets`` (int64, length ``n + 1``, starting at
@@ -146,6 +149,16 @@ def with_dtype(data: Data, dtype: str, cast=None) -> Data:
     return data.astype(dtype) if cast is None else cast(data, dtype)
 
 
+def column_major(data: Data) -> Data:
+    """``data`` with every vector a contiguous column-major array: a row slice of one is a
+    strided view, which serializing would turn into a row-major copy."""
+    if isinstance(data, tuple):
+        return tuple(column_major(c) for c in data)
+    if isinstance(data, Ragged):
+        return Ragged.unchecked(column_major(data.values), data.offsets)
+    return np.asfortranarray(data) if isinstance(data, np.ndarray) and data.ndim == 2 else data
+
+
 def take_index(data: Data, index: np.ndarray) -> Data:
     """Rows in the order of an integer index array."""
     index = np.asarray(index, dtype=np.int64)
@@ -159,7 +172,19 @@ def take_index(data: Data, index: np.ndarray) -> Data:
         starts = data.offsets[:-1][index]
         pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
         return Ragged.unchecked(take_index(data.values, pos), offsets)
+    if data.ndim == 2 and not data.flags.c_contiguous:  # column-major vectors stay column-major
+        return np.take(data, index, axis=0, out=np.empty((index.size, data.shape[1]), dtype=data.dtype, order="F"))
     return data[index]
+
+
+def vector_rows(columns) -> np.ndarray:
+    """An ``(n, d)`` float64 array, column-major, from ``d`` columns of ``n`` numbers."""
+    columns = list(columns)
+    n = len(columns[0]) if columns else 0
+    out = np.empty((n, len(columns)), dtype=np.float64, order="F")
+    for j, c in enumerate(columns):
+        out[:, j] = c
+    return out
 
 
 def concat_rows(parts: list) -> Data:

@@ -34,6 +34,7 @@ from .errors import DataError
 from .floored import AT_FLOOR, dims_named, floor_line
 from .floors import MIN_WEIGHT, VAR_FLOOR
 from .kernels import (centered, centered_t, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
+                      radius2_of_squares,
                       stacked, weighted_sums, weighted_sums_t)
 from .schema import POSITIVE, SPD, Meta, Param, Size
 from .units import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
@@ -252,7 +253,7 @@ def _vector_column(data, where, family, d):
     if x.ndim != 2 or x.shape[1] != d:
         raise DataError(f"{where}: {family} expects shape (n, {d}), got {x.shape}")
     check_floats(x, where, family)
-    return np.ascontiguousarray(x)
+    return np.asfortranarray(x)  # column-major, as emgrid stores vectors (models.data)
 
 
 def _columns_kept(new, old):
@@ -347,7 +348,7 @@ class DiagGaussian(Leaf):
         """Log densities ``(K, n)``, plus ``offsets[k]`` when given (finite, per component)."""
         p, F = work
         d = p.c.size
-        r2 = float(F[d : 2 * d].sum(axis=0).max()) if F.shape[1] else 0.0  # squares are rows d..2d
+        r2 = radius2_of_squares(F[d : 2 * d])
         if _is_accurate(r2, p, F.shape[0], F.dtype):
             return matmul_cols(_in(offset_matrix(p.P, 2 * d, offsets), F), F)
         # the direct form sum(prec * (xc - mc)^2), one component at a time, in one (d, n)

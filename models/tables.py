@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .columns import encode_values, is_pattern, value_list
-from .data import Data, Ragged
+from .data import Data, Ragged, vector_rows
 from .errors import DataError
 from .files import regular_file
 from .hints import hint
@@ -556,7 +556,7 @@ def assemble(values: dict[str, tuple | None], tree, cols: dict[str, np.ndarray],
     categorical column encoded under its leaf's value list (``values``, :func:`value_lists`)."""
     if isinstance(tree, Col):
         if tree.kind == "vec":
-            return np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in tree.names])
+            return vector_rows(np.asarray(cols[n], dtype=np.float64) for n in tree.names)
         x = cols[tree.names[0]]
         if tree.kind == "cat" and values.get(tree.path) is not None:  # a value_coded leaf: its codes
             return encode_values(x, values[tree.path], f"column {tree.names[0]!r}")
