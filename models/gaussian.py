@@ -33,7 +33,7 @@ from .data import Ragged
 from .errors import DataError
 from .floored import AT_FLOOR, dims_named, floor_line
 from .floors import MIN_WEIGHT, VAR_FLOOR
-from .kernels import (centered, centered_t, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
+from .kernels import (MAX_GEMM_COLS, centered, centered_t, coordinates, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
                       radius2_of_squares,
                       stacked, weighted_sums, weighted_sums_t)
 from .schema import POSITIVE, SPD, Meta, Param, Size
@@ -253,7 +253,8 @@ def _vector_column(data, where, family, d):
     if x.ndim != 2 or x.shape[1] != d:
         raise DataError(f"{where}: {family} expects shape (n, {d}), got {x.shape}")
     check_floats(x, where, family)
-    return np.asfortranarray(x)  # column-major, as emgrid stores vectors (models.data)
+    # as given when contiguous (a caller's array or mapped file is not copied); models.data
+    return x if x.flags.c_contiguous or x.flags.f_contiguous else np.asfortranarray(x)
 
 
 def _columns_kept(new, old):
@@ -300,8 +301,10 @@ class DiagGaussian(Leaf):
         return out
 
     def _accumulate(self, x, w):
-        wx = w @ x
-        return (float(w.sum()), wx, w @ (x * x))
+        xt = coordinates(x)
+        sx = xt @ w
+        squares = np.multiply(xt, xt, out=None if np.may_share_memory(xt, x) else xt)  # one (d, n) at most
+        return (float(w.sum()), sx, squares @ w)
 
     @classmethod
     def _batch_params(cls, leaves) -> _Expanded:
@@ -497,7 +500,12 @@ class FullGaussian(Leaf):
         return -0.5 * (np.einsum("ij,ij->i", z, z) + self._const)
 
     def _accumulate(self, x, w):
-        return (float(w.sum()), w @ x, (x * w[:, None]).T @ x)
+        sx, sxx = np.zeros(self.dim), np.zeros((self.dim, self.dim))
+        for a in range(0, x.shape[0], MAX_GEMM_COLS):  # chunks: no (n, d) beside the rows
+            xt, wa = coordinates(x[a : a + MAX_GEMM_COLS]), w[a : a + MAX_GEMM_COLS]
+            sx += xt @ wa
+            sxx += (xt * wa) @ xt.T
+        return (float(w.sum()), sx, sxx)
 
     @classmethod
     def _batch_params(cls, leaves) -> _Expanded:

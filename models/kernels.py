@@ -5,7 +5,8 @@
   with its small-matrix kernels (:func:`matmul_cols`, :func:`weighted_sums`,
   :func:`weighted_sums_t`).
 - Copies that numpy's broadcasting makes slow: :func:`centered` (``x - mean`` row-major) and
-  :func:`centered_t` (``(x - c).T`` component-first).
+  :func:`centered_t` (``(x - c).T`` component-first), and :func:`coordinates` (``x.T``
+  row-major), which make a result's bits independent of the rows' memory order.
 - The rounding-error guard of an expanded quadratic form (:func:`expanded_is_accurate`).
 - float32 blocks (``optimize(..., dtype="float32")``): the products run in float32 on
   chunks of at most ``MAX_GEMM_COLS`` rows, and :func:`weighted_sums` and
@@ -107,6 +108,13 @@ def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
         b = min(n, a + 1024)
         out[:, a:b] = x[a:b].T
     out -= c[:, None]
+
+
+def coordinates(x: np.ndarray) -> np.ndarray:
+    """``x.T`` of ``(n, d)`` rows as a row-major ``(d, n)`` array: a view of column-major
+    rows, a copy of row-major ones. A product over the rows computed from it gives the same
+    bits whatever the rows' memory order (BLAS sums in another order for the other layout)."""
+    return np.ascontiguousarray(x.T)
 
 
 def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
