@@ -1,6 +1,6 @@
 """Prepared data on disk: one ``.npy`` file per leaf column and per offsets array, or the
 columns of a ``.parquet`` / ``.csv`` file a model reads by name (``from_table``,
-``executors.tables``).
+``models.table_rows``).
 
 Worker processes open a dataset memory-mapped and slice their own row range, so no
 process ever reads (or is sent) rows that are not its own. ``layout.json`` records how the
@@ -24,9 +24,9 @@ from emgrid.models import Node, Ragged, n_rows
 from emgrid.models.data import Data, with_dtype
 from emgrid.models.errors import DataError
 from emgrid.models.files import npy_header
+from emgrid.models import table_rows
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
 
-from . import tables
 from .warden import pid_alive
 
 LAYOUT = "layout.json"
@@ -156,7 +156,7 @@ class NpyDataset:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tree, _ = column_tree(model, table.sequence_id)
-        n_file, source = tables.file_rows(path, directory)
+        n_file, source = table_rows.file_rows(path, directory)
         source["file"] = str(path)
         where = f"data file {str(table.source)!r}"
         needed = needed_columns(tree) + ([table.sequence_id] if table.sequence_id else [])
@@ -175,7 +175,7 @@ class NpyDataset:
                 return {"kind": "table", "source": source, "names": list(t.names), "leaf": t.kind,
                         "values": None if values is None else list(values), "n": n_file}
             if isinstance(t, Seq):
-                ids = tables.read_columns(directory, source, [table.sequence_id], 0, n_file)[table.sequence_id]
+                ids = table_rows.read_columns(directory, source, [table.sequence_id], 0, n_file)[table.sequence_id]
                 if ids[1] is not None:
                     raise DataError(f"sequence_id column {table.sequence_id!r} has a missing value at row "
                                     f"{int(np.argmax(ids[1]))}")
@@ -191,7 +191,7 @@ class NpyDataset:
     def open(self, lazy: bool = False) -> Data:
         """Every column, memory-mapped read-only (nothing is read until it is sliced and used);
         a table's columns are read whole, or with ``lazy`` only the rows indexed
-        (``executors.tables.LazyColumn``)."""
+        (``models.table_rows.LazyColumn``)."""
         return self._get(self.layout, None, lazy)
 
     def open_rows(self, start: int, stop: int) -> Data:
@@ -218,8 +218,8 @@ class NpyDataset:
             return Ragged.unchecked(self._get(node["values"], (lo, hi), lazy), offsets - lo)
         if kind == "table":
             if lazy:
-                return tables.LazyColumn(self.directory, node)
-            return tables.read_rows(self.directory, node, *(rows or (0, node["n"])))
+                return table_rows.LazyColumn(self.directory, node)
+            return table_rows.read_rows(self.directory, node, *(rows or (0, node["n"])))
         return self._load(node["file"]) if rows is None else self._load_range(node["file"], *rows)
 
     def _load_range(self, name: str, start: int, stop: int) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""Columns of a ``.parquet`` or ``.csv`` file as the leaves of an on-disk dataset
-(``NpyDataset.from_table``): each worker reads only its rows.
+"""Rows ``start:stop`` of a ``.parquet`` or ``.csv`` file's columns, in a leaf's encoding:
+what each worker of an on-disk dataset (``executors.datafiles.NpyDataset.from_table``)
+reads, and nothing else (:mod:`models.tables` reads a table whole).
 
 - Parquet: the row groups that overlap a worker's rows, of the columns its leaves read
   (``ParquetFile.read_row_groups``).
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from emgrid.models.columns import MAX_ABS_VALUE, encode_values
-from emgrid.models.data import vector_rows
-from emgrid.models.errors import DataError
-from emgrid.models.tables import Col, arrow_error, column_arrays, csv_sample, file_columns, missing_rows, pyarrow_module
+from .columns import MAX_ABS_VALUE, encode_values
+from .data import vector_rows
+from .errors import DataError
+from .tables import Col, arrow_error, column_arrays, csv_sample, file_columns, missing_rows, pyarrow_module
 
 _BLOCK = 1 << 22
 _LF, _COMMA, _QUOTE = 10, 44, 34
@@ -89,7 +90,7 @@ def _scan_csv(path: Path, header: bytes, n_fields: int) -> tuple[int, int]:
             carry += block
             if len(carry) > MAX_LINE_BYTES:
                 raise DataError(f"data file {str(path)!r}: row {row} is longer than {MAX_LINE_BYTES:,} bytes "
-                                "(executors.tables.MAX_LINE_BYTES)")
+                                "(models.table_rows.MAX_LINE_BYTES)")
         pos = at + len(block)
     if carry.strip():
         _check_fields(path, carry + b"\n", row, n_fields)
