@@ -34,6 +34,11 @@ MAX_GEMM_COLS = 1024
 #: direct form's own float32 rounding is a few tenths on rows of typical spread.
 EXPANDED_MAX_ERROR = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-2}
 UNIT_ROUNDOFF = float(np.finfo(np.float64).eps) / 2
+#: Nats between the floor the unshifted log-sum-exp raises far terms to and every row's
+#: largest term: such a term's weight is below e^-64 (1.6e-28) of its row's, so no sum of
+#: them over any number of rows reaches ``MIN_WEIGHT`` (a component far from every row keeps
+#: its parameters as under the shifted form, whose far terms weigh e^-700).
+UNSHIFTED_MARGIN = 64.0
 
 #: Stacked parameters of a tuple of sibling leaves, kept with the first leaf (weakly, so they
 #: go with the model): ``{leaves[0]: (weak references to the leaves, value)}``.
@@ -166,19 +171,23 @@ def expanded_is_accurate(r2: float, lam: np.ndarray, mc_norm: np.ndarray, pconst
 def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     """For a ``(K, n)`` array of logs: ``(logsumexp over K, exp(A - shift), sum)``, no subnormals.
 
-    ``shift`` is 0 when every value of ``A`` lies where ``exp`` gives a normal number and the
-    sums cannot overflow (the common case: two full reductions decide it, instead of the
-    per-row maximum's subtraction); otherwise it is the per-row maximum, with the exponents
-    clamped at ``LOG_CLAMP``. Either way ``E / s`` are the normalized exponentials.
+    ``shift`` is 0 when every row's largest term is at least ``UNSHIFTED_MARGIN`` above the
+    log of ``dtype``'s smallest normal number and the sums cannot overflow
+    (``_unshifted_range``): the terms below that floor are raised to it, which gives them a
+    weight below ``e**-UNSHIFTED_MARGIN`` of their row's (the common case: no subtraction of
+    the per-row maximum). Otherwise ``shift`` is the per-row maximum, with the exponents
+    clamped at ``LOG_CLAMP`` below it. Either way ``E / s`` are the normalized exponentials.
     With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
     """
-    if A.size:
-        low, high = _unshifted_range(A.dtype, A.shape[0])
-        if A.min() >= low and A.max() <= high:  # false for NaN and -inf too
-            E = np.exp(A, out=A if overwrite else None)
-            s = np.ones(E.shape[0], dtype=E.dtype) @ E
-            return np.log(s), E, s
     m = A.max(axis=0)
+    floor, safe, high = _unshifted_range(A.dtype, A.shape[0])
+    if m.size and m.min() >= safe and m.max() <= high:  # false for NaN too
+        E = A if overwrite else A.copy()
+        if E.min() < floor:
+            np.maximum(E, floor, out=E)
+        np.exp(E, out=E)
+        s = np.ones(E.shape[0], dtype=E.dtype) @ E
+        return np.log(s), E, s
     if not np.isfinite(m).all():
         m = np.where(np.isfinite(m), m, 0.0)
     E = np.subtract(A, m, out=A if overwrite else None)
@@ -190,8 +199,10 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
         return m + np.log(s), E, s
 
 
-def _unshifted_range(dtype, k: int) -> tuple[float, float]:
-    """Logs whose ``exp`` is a normal number of ``dtype`` (and no lower than ``LOG_CLAMP``),
-    and whose sums over ``k`` rows stay finite with a margin."""
+def _unshifted_range(dtype, k: int) -> tuple[float, float, float]:
+    """``(floor, safe, high)`` for logs in ``dtype`` over ``k`` rows: ``exp(floor)`` is a
+    normal number (and ``floor >= LOG_CLAMP``); ``safe`` is ``floor + UNSHIFTED_MARGIN``;
+    sums of ``k`` terms up to ``high`` are finite."""
     info = np.finfo(dtype)
-    return max(LOG_CLAMP, float(np.log(info.tiny)) + 1.0), float(np.log(info.max)) - float(np.log(max(k, 1))) - 1.0
+    floor = max(LOG_CLAMP, float(np.log(info.tiny)) + 1.0)
+    return floor, floor + UNSHIFTED_MARGIN, float(np.log(info.max)) - float(np.log(max(k, 1))) - 1.0
