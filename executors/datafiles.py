@@ -30,7 +30,7 @@ from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree,
 from .warden import pid_alive
 
 LAYOUT = "layout.json"
-#: Rows copied at a time into a column-major file (``NpyDataset.write``).
+#: Rows copied at a time into a row-major file from column-major rows (``NpyDataset.write``).
 WRITE_ROWS = 1 << 16
 #: The name of every table dataset's scratch folder begins so: ``emgrid-table-<host>-<pid>-<tag>``.
 SCRATCH_PREFIX = "emgrid-table-"
@@ -128,9 +128,11 @@ class NpyDataset:
         def save(arr):
             name = f"c{next(counter)}.npy"
             arr = np.asarray(arr)
-            if arr.ndim == 2 and not arr.flags.f_contiguous:  # vectors column-major (models.data)
-                out = np.lib.format.open_memmap(directory / name, mode="w+", dtype=arr.dtype, shape=arr.shape,
-                                                fortran_order=True)
+            if arr.ndim == 2 and not arr.flags.c_contiguous:
+                # row-major, whatever the rows' order in memory: a worker maps its range of rows,
+                # where a column-major file would have it map each column's range and, the
+                # kernel mapping files in large folios, megabytes of its neighbours' rows beside
+                out = np.lib.format.open_memmap(directory / name, mode="w+", dtype=arr.dtype, shape=arr.shape)
                 for a in range(0, arr.shape[0], WRITE_ROWS):
                     out[a:a + WRITE_ROWS] = arr[a:a + WRITE_ROWS]
                 out.flush()
@@ -227,7 +229,7 @@ class NpyDataset:
         path = self.directory / name
         with open(path, "rb") as f:
             shape, fortran, dtype, header = npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
-        if fortran and len(shape) > 1:  # a column-major file (``write``'s vectors): rows of the whole mapping
+        if fortran and len(shape) > 1:  # not written by ``write``: rows of the whole mapping
             return np.asarray(self._load(name)[start:stop])
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         rows = (stop - start,) + tuple(shape[1:])
@@ -250,9 +252,9 @@ class NpyDataset:
 
 def rows_as(data: Data, dtype: str) -> Data:
     """A worker's rows (its shard's columns) with their floats in ``dtype``: rows mapped from
-    a ``.npy`` file (:meth:`NpyDataset.open_rows`; a column-major file's rows column by
-    column) are read from the file into the new type (:func:`_read_as`), so the mapped pages
-    of the stored copy are never touched; others are cast (``models.data.with_dtype``)."""
+    a ``.npy`` file (:meth:`NpyDataset.open_rows`; a column-major file's column by column)
+    are read from the file into the new type (:func:`_read_as`), so the mapped pages of the
+    stored copy are never touched; others are cast (``models.data.with_dtype``)."""
 
     def read(a: np.ndarray, dtype: str) -> np.ndarray:
         mapped = a.base

@@ -2,10 +2,12 @@
 
 - A scalar leaf's data is a 1-D array (float64 for Gaussian/Exponential, int64 for
   Categorical/Poisson); a vector leaf's is a 2-D ``(n, d)`` float64 array, of either memory
-  order, and no result depends on which. emgrid builds and stores vectors column-major
-  (:func:`vector_rows`, the workers' files): the batched kernels read a block of rows one
-  coordinate at a time, which a row-major block makes a transposing copy (the largest cost
-  of a diagonal mixture's E-step beside its products). A caller's array is used as it is.
+  order, and no result depends on which. emgrid builds vectors column-major where it
+  assembles them from columns (:func:`vector_rows`: tables) or ships them to a cell: the
+  batched kernels read a block of rows one coordinate at a time, which a row-major block
+  makes a transposing copy (the largest cost of a diagonal mixture's E-step beside its
+  products). A caller's array is used as it is; the ``.npy`` files workers map are row-major
+  (``executors.datafiles.NpyDataset.write``: a worker maps only its range of rows).
 - A ``Composite``'s data is a tuple with one entry per field, each that field's data.
 - A ``Sequence``'s or ``HMM``'s data is a :class:`Ragged`: ``values`` is the child's data for
   all positions of all rows laid end to end, ``offsets`` (int64, length ``n + 1``, starting at

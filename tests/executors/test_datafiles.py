@@ -47,3 +47,31 @@ def test_rows_outside_the_dataset_are_refused(tmp_path):
     ds = NpyDataset.write(np.arange(5.0), tmp_path / "ds", model=Gaussian(0.0, 1.0))
     with pytest.raises(DataError, match="rows 3:7 are outside the dataset's 5 rows"):
         ds.open_rows(3, 7)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_vectors_are_written_row_major_and_ranges_read_from_the_file_into_float32(tmp_path, order, monkeypatch):
+    """A worker maps its own range of rows, so the files are row-major whatever the rows'
+    order in memory; ``rows_as`` reads a mapped range (of a row-major file in one read, of a
+    column-major one written by someone else column by column) from the file into float32,
+    not through the mapping."""
+    from emgrid.executors import datafiles
+    from emgrid.executors.datafiles import rows_as
+    from emgrid.models.files import npy_header
+
+    reads = []
+    monkeypatch.setattr(datafiles, "_read_as", lambda *a, _r=datafiles._read_as: reads.append(a[1]) or _r(*a))
+
+    x = np.asarray(np.random.default_rng(0).standard_normal((300_000, 3)), order=order)
+    ds = NpyDataset.write(x, tmp_path / "ds")
+    with open(tmp_path / "ds" / "c0.npy", "rb") as f:
+        assert npy_header(f, "c0.npy", 1 << 40)[1] is False  # not fortran_order
+    rows = ds.open_rows(1000, 250_000)
+    np.testing.assert_array_equal(rows, x[1000:250_000])
+    np.save(tmp_path / "f.npy", np.asfortranarray(x))  # a user's column-major file
+    mapped = np.load(tmp_path / "f.npy", mmap_mode="r")
+    for a, n_reads in ((rows, 1), (np.asarray(mapped)[1000:250_000], 3)):
+        reads.clear()
+        got = rows_as(a, "float32")
+        np.testing.assert_array_equal(got, x[1000:250_000].astype(np.float32))
+        assert len(reads) == n_reads
