@@ -264,8 +264,8 @@ def rows_as(data: Data, dtype: str) -> Data:
             return a.astype(dtype)
         path = Path(mapped.filename)
         start = mapped.offset + (a.ctypes.data - mapped.ctypes.data)  # a's first value, in the file
-        if a.flags.c_contiguous:
-            return _read_as(path, start, a.dtype, np.empty(a.shape, dtype=dtype))
+        if a.flags.c_contiguous:  # vectors read into column-major rows (models.data)
+            return _read_as(path, start, a.dtype, np.empty(a.shape, dtype=dtype, order="F" if a.ndim == 2 else "C"))
         if a.ndim == 2 and a.strides[0] == a.itemsize:  # rows of a column-major file: column by column
             out = np.empty(a.shape, dtype=dtype, order="F")
             for j in range(a.shape[1]):
@@ -277,18 +277,20 @@ def rows_as(data: Data, dtype: str) -> Data:
 
 
 def _read_as(path: Path, offset: int, stored: np.dtype, out: np.ndarray) -> np.ndarray:
-    """``out`` (contiguous) filled with as many values of ``stored`` type from byte ``offset``
-    of ``path``, cast to its type: read in chunks of 128 KiB (not mapped, so the stored copy
-    never counts in the process's memory beside the cast one, and a chunk stays within the
-    allowance every worker's plan keeps for what no row count scales)."""
-    flat = out.reshape(-1)
-    per = max(1, (128 << 10) // stored.itemsize)
+    """``out`` (1-D, or 2-D rows of either order) filled with as many values of ``stored``
+    type, row-major, from byte ``offset`` of ``path``, cast to its type: read in chunks of
+    about 128 KiB (not mapped, so the stored copy never counts in the process's memory beside
+    the cast one, and a chunk stays within the allowance every worker's plan keeps for what
+    no row count scales)."""
+    rows = out if out.ndim == 2 else out.reshape(-1, 1)
+    width = rows.shape[1]
+    per = max(1, (128 << 10) // max(stored.itemsize * width, 1))
     with open(path, "rb") as f:
         f.seek(offset)
-        for a in range(0, flat.size, per):
-            n = min(per, flat.size - a)
-            chunk = np.fromfile(f, dtype=stored, count=n)
-            if chunk.size != n:
-                raise DataError(f"{str(path)!r} ends before its header's {flat.size} values: it is damaged")
-            flat[a:a + n] = chunk
+        for a in range(0, rows.shape[0], per):
+            n = min(per, rows.shape[0] - a)
+            chunk = np.fromfile(f, dtype=stored, count=n * width)
+            if chunk.size != n * width:
+                raise DataError(f"{str(path)!r} ends before its header's {out.size} values: it is damaged")
+            rows[a:a + n] = chunk.reshape(n, width)
     return out

@@ -74,4 +74,4 @@ def test_vectors_are_written_row_major_and_ranges_read_from_the_file_into_float3
         reads.clear()
         got = rows_as(a, "float32")
         np.testing.assert_array_equal(got, x[1000:250_000].astype(np.float32))
-        assert len(reads) == n_reads
+        assert len(reads) == n_reads and got.flags.f_contiguous  # column-major, as the kernels read best
