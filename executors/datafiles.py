@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from emgrid.models import Node, Ragged, n_rows
+from emgrid.models import Node, Ragged, n_rows, table_rows
 from emgrid.models.data import Data, with_dtype
 from emgrid.models.errors import DataError
 from emgrid.models.files import npy_header
-from emgrid.models import table_rows
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
 
 from .warden import pid_alive

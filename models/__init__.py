@@ -4,7 +4,7 @@ from .base import FAMILIES, Internal, Leaf, Node
 from .categorical import Categorical
 from .composite import Composite
 from .cost import NodeCost, PlacedCost, tree_costs
-from .data import Ragged, concat_rows, n_rows, take_index, take_rows, vector_rows
+from .data import Ragged, concat_rows, n_rows, take_index, take_rows
 from .engine import e_step, em_step
 from .diagnose import fit_warnings
 from .errors import ConvergenceWarning, DataError, EmgridError, ModelError, SpecError
@@ -24,6 +24,6 @@ __all__ = [
     "Composite", "Mixture", "HMM", "Sequence", "Ragged", "Node", "Leaf", "Internal", "FAMILIES",
     "NodeCost", "PlacedCost", "tree_costs", "coupling_bytes_per_row", "shard_roots", "spanning_nodes", "ShardView",
     "Stats", "e_step", "em_step", "from_spec", "load_model", "save_model", "n_rows", "take_rows",
-    "take_index", "concat_rows", "vector_rows", "DataError", "ModelError", "SpecError", "EmgridError",
+    "take_index", "concat_rows", "DataError", "ModelError", "SpecError", "EmgridError",
     "complete_shapes", "initialize", "fit_warnings", "ConvergenceWarning",
 ]

@@ -33,9 +33,8 @@ from .data import Ragged
 from .errors import DataError
 from .floored import AT_FLOOR, dims_named, floor_line
 from .floors import MIN_WEIGHT, VAR_FLOOR
-from .kernels import (MAX_GEMM_COLS, centered, centered_t, coordinates, expanded_is_accurate, gemm_cols, matmul_cols, offset_matrix, radius2,
-                      radius2_of_squares,
-                      stacked, weighted_sums, weighted_sums_t)
+from .kernels import (MAX_GEMM_COLS, centered, centered_t, coordinates, expanded_is_accurate, gemm_cols, matmul_cols,
+                      offset_matrix, radius2, radius2_of_squares, stacked, weighted_sums, weighted_sums_t)
 from .schema import POSITIVE, SPD, Meta, Param, Size
 from .units import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
 
