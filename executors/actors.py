@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import ClassVar
 
 from emgrid.models import Node
-from emgrid.models.data import Data
+from emgrid.models.data import Data, column_major, take_rows
 from emgrid.models.errors import ConfigError
 
 from . import faults
@@ -63,10 +63,8 @@ def last_exception_line(report: str, otherwise: str) -> str:
 
 def shipped_rows(spec: WorkerSpec, model_part: Node, data: Data) -> Data:
     """What the coordinator ships a cell of in-memory data: its replica's rows, only the
-    columns its shard reads, vectors column-major as a mapping cell's (the engine serializes
-    them once)."""
-    from emgrid.models.data import column_major, take_rows
-
+    columns its shard reads, vectors column-major (``models.data``; the engine serializes them
+    once)."""
     return column_major(spec.view.columns_for(spec.shard, model_part, take_rows(data, spec.start, spec.stop)))
 
 

@@ -175,8 +175,6 @@ def take_index(data: Data, index: np.ndarray) -> Data:
         starts = data.offsets[:-1][index]
         pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
         return Ragged.unchecked(take_index(data.values, pos), offsets)
-    if data.ndim == 2 and not data.flags.c_contiguous:  # column-major vectors stay column-major
-        return np.take(data, index, axis=0, out=np.empty((index.size, data.shape[1]), dtype=data.dtype, order="F"))
     return data[index]
 
 
