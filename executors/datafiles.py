@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from emgrid.models import Node, Ragged, n_rows, table_rows
-from emgrid.models.data import Data, with_dtype
+from emgrid.models.data import Data, each_array
 from emgrid.models.errors import DataError
 from emgrid.models.files import npy_header
 from emgrid.models.tables import Col, Seq, as_table, check_columns, column_tree, group_offsets, needed_columns
@@ -250,20 +250,20 @@ class NpyDataset:
 
 
 def rows_as(data: Data, dtype: str) -> Data:
-    """A worker's rows (its shard's columns) with their floats in ``dtype``: rows mapped from
-    a ``.npy`` file (:meth:`NpyDataset.open_rows`; a column-major file's column by column)
-    are read from the file into the new type (:func:`_read_as`), so the mapped pages of the
-    stored copy are never touched; others are cast (``models.data.with_dtype``)."""
+    """A worker's rows (its shard's columns) with their floats in ``dtype`` and its vectors
+    column-major (``models.data``): vectors mapped from a ``.npy`` file
+    (:meth:`NpyDataset.open_rows`; a column-major file's column by column), and in float32
+    every mapped float column, are read from the file (:func:`_read_as`), so the mapped pages
+    of the stored copy are never touched; floats in memory are cast
+    (``models.data.with_dtype``); the rest stays as it is."""
 
-    def read(a: np.ndarray, dtype: str) -> np.ndarray:
-        mapped = a.base
-        while isinstance(mapped, np.ndarray) and isinstance(mapped.base, np.ndarray):
-            mapped = mapped.base  # the mapping of the whole file, whose offset is its first byte's
-        if not isinstance(mapped, np.memmap) or mapped.filename is None:
-            return a.astype(dtype)
-        path = Path(mapped.filename)
-        start = mapped.offset + (a.ctypes.data - mapped.ctypes.data)  # a's first value, in the file
-        if a.flags.c_contiguous:  # vectors read into column-major rows (models.data)
+    def one(a):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or (a.dtype == dtype and (a.ndim != 2 or a.strides[0] == a.itemsize)):
+            return a
+        path, start = _mapped_from(a)
+        if path is None:
+            return a if a.dtype == dtype else a.astype(dtype)
+        if a.flags.c_contiguous:
             return _read_as(path, start, a.dtype, np.empty(a.shape, dtype=dtype, order="F" if a.ndim == 2 else "C"))
         if a.ndim == 2 and a.strides[0] == a.itemsize:  # rows of a column-major file: column by column
             out = np.empty(a.shape, dtype=dtype, order="F")
@@ -272,7 +272,17 @@ def rows_as(data: Data, dtype: str) -> Data:
             return out
         return a.astype(dtype)
 
-    return with_dtype(data, dtype, read)
+    return each_array(data, one)
+
+
+def _mapped_from(a: np.ndarray) -> tuple[Path | None, int]:
+    """The file ``a`` is a mapped view of and the byte of its first value there, or ``(None, 0)``."""
+    mapped = a.base
+    while isinstance(mapped, np.ndarray) and isinstance(mapped.base, np.ndarray):
+        mapped = mapped.base  # the mapping of the whole file, whose offset is its first byte's
+    if not isinstance(mapped, np.memmap) or mapped.filename is None:
+        return None, 0
+    return Path(mapped.filename), mapped.offset + (a.ctypes.data - mapped.ctypes.data)
 
 
 def _read_as(path: Path, offset: int, stored: np.dtype, out: np.ndarray) -> np.ndarray:

@@ -16,9 +16,10 @@ read high when an earlier peak of the process was larger).
 
 What the baseline holds, per executor:
 
-- ``multiprocessing``: each worker process starts its meter (after :func:`warm_up`) before it maps its rows from
-  the ``.npy`` files, so the increase holds the rows it touched (file pages count in RSS
-  once read), its working arrays, parameters and statistics: the plan's terms.
+- ``multiprocessing``: each worker process starts its meter (after :func:`warm_up`) before it opens its rows of
+  the ``.npy`` files, so the increase holds its rows (mapped file pages count in RSS once
+  read; vectors are read into memory column-major), its working arrays, parameters and
+  statistics: the plan's terms.
 - ``mpi``: each rank starts its meter when the fit starts. Rows the rank already holds in
   memory (an in-memory dataset every rank loaded before calling ``optimize``) are in its
   baseline, not in the increase; pass an :class:`executors.NpyDataset` to have each rank
@@ -39,6 +40,8 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
+
+from emgrid.models.units import BLOCK_BYTES
 
 _STATUS = "/proc/self/status"
 _READ = 16384
@@ -138,29 +141,34 @@ GLIBC_THRESHOLD = 128 << 10
 #: cell sets, :func:`tune_allocator`): tables of parameters and statistics,
 #: received messages, not a block's working arrays.
 LARGE_BLOCK_BYTES = 4 << 20
+#: The free memory a cell's heap keeps at its top (what ``free`` does not hand back to the
+#: kernel): several blocks' working arrays (``models.units.BLOCK_BYTES`` each by the plan; a
+#: block's numpy temporaries, or a block of ``MIN_BLOCK_ROWS`` wide rows, can exceed it).
+KEPT_HEAP_BYTES = 8 * BLOCK_BYTES
 
 
 def tune_allocator() -> None:
     """Sets glibc's allocator of a process while it holds a grid cell: every block of
     :data:`LARGE_BLOCK_BYTES` or more is mapped on its own (and unmapped when freed), smaller
-    ones come from the heap, whose free top is handed back to the kernel beyond twice that
-    (glibc's own ratio of the two).
+    ones come from the heap, whose free top is handed back to the kernel beyond
+    :data:`KEPT_HEAP_BYTES`.
 
     By default glibc raises the mapping threshold to the size of the largest block freed so
     far, so once a worker frees its first parameter table the next ones come from the heap,
     and the holes an M-step leaves when it replaces them stay resident (4 MPI ranks holding
     16 MB of categorical tables each peaked at 4.1-4.6 tables' worth by default, 3.9-4.0 with
-    this). Fixing the mapping threshold also fixes the trimming one, at 128 KiB unless set:
-    each block's working arrays, freed at the heap's top, were handed back and faulted in
-    again at the next block (2.7x the CPU time of a full-covariance block's features in a
-    micro-benchmark; a Dask worker's ``MALLOC_TRIM_THRESHOLD_=65536`` does the same). The
-    heap is still handed back whole before each pass when the cell's memory is measured
-    (:func:`release_free_memory`). :func:`restore_allocator` gives a process that lives on
+    this). Fixing the mapping threshold also fixes the trimming one, at 128 KiB unless set,
+    and a threshold below a block's working arrays hands them back at the end of each block
+    and faults them in again at the next: 2.7x the CPU time of a full-covariance block's
+    features at 128 KiB (a Dask worker's ``MALLOC_TRIM_THRESHOLD_=65536`` does the same), and
+    at 8 MiB 30,000 page faults and 3x the time of an E-step over 500,000 rows of a mixture of
+    4 records, whose blocks hold 9 MB. The heap is still handed back whole before each pass
+    (:func:`release_free_memory`), so what it keeps never outlasts an iteration. :func:`restore_allocator` gives a process that lives on
     the settings its environment asked for."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, KEPT_HEAP_BYTES)
 
 
 def restore_allocator() -> None:

@@ -136,30 +136,38 @@ def check_dtype(dtype) -> str:
     return name
 
 
+def each_array(data: Data, fn) -> Data:
+    """``data`` with every array ``a`` (columns, vectors, a sequence's values; not the
+    offsets) replaced by ``fn(a)``; None stays None."""
+    if data is None:
+        return None
+    if isinstance(data, tuple):
+        return tuple(each_array(c, fn) for c in data)
+    if isinstance(data, Ragged):
+        return Ragged.unchecked(each_array(data.values, fn), data.offsets)
+    return fn(data)
+
+
 def with_dtype(data: Data, dtype: str, cast=None) -> Data:
     """``data`` with its float arrays in ``dtype`` (integer columns and offsets as they are);
     the same objects where nothing changes, so float64 data in float64 costs nothing.
     ``cast(array, dtype)`` converts one float array of another type (default ``astype``)."""
     if data is None or dtype == "float64":
         return data
-    if isinstance(data, tuple):
-        return tuple(with_dtype(c, dtype, cast) for c in data)
-    if isinstance(data, Ragged):
-        return Ragged.unchecked(with_dtype(data.values, dtype, cast), data.offsets)
-    data = np.asarray(data)
-    if data.dtype.kind != "f" or data.dtype == dtype:
-        return data
-    return data.astype(dtype) if cast is None else cast(data, dtype)
+
+    def one(a):
+        a = np.asarray(a)
+        if a.dtype.kind != "f" or a.dtype == dtype:
+            return a
+        return a.astype(dtype) if cast is None else cast(a, dtype)
+
+    return each_array(data, one)
 
 
 def column_major(data: Data) -> Data:
     """``data`` with every vector a contiguous column-major array: a row slice of one is a
     strided view, which serializing would turn into a row-major copy."""
-    if isinstance(data, tuple):
-        return tuple(column_major(c) for c in data)
-    if isinstance(data, Ragged):
-        return Ragged.unchecked(column_major(data.values), data.offsets)
-    return np.asfortranarray(data) if isinstance(data, np.ndarray) and data.ndim == 2 else data
+    return each_array(data, lambda a: np.asfortranarray(a) if isinstance(a, np.ndarray) and a.ndim == 2 else a)
 
 
 def take_index(data: Data, index: np.ndarray) -> Data:

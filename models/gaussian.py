@@ -33,7 +33,7 @@ from .data import Ragged
 from .errors import DataError
 from .floored import AT_FLOOR, dims_named, floor_line
 from .floors import MIN_WEIGHT, VAR_FLOOR
-from .kernels import (MAX_GEMM_COLS, centered, centered_t, coordinates, expanded_is_accurate, gemm_cols, matmul_cols,
+from .kernels import (MAX_GEMM_COLS, centered_t, coordinates, expanded_is_accurate, gemm_cols, matmul_cols,
                       offset_matrix, radius2, radius2_of_squares, stacked, weighted_sums, weighted_sums_t)
 from .schema import POSITIVE, SPD, Meta, Param, Size
 from .units import GEMM_FLOPS, MATMUL_FLOPS, SLOW_FLOPS, VECTOR_FLOPS
@@ -293,9 +293,10 @@ class DiagGaussian(Leaf):
         return _vector_column(data, where, self.family, self.dim)
 
     def _log_density(self, x):
-        z = centered(x, self.mean)
+        z = np.empty((self.dim, x.shape[0]))  # coordinates: no bit depends on the rows' order
+        centered_t(x, self.mean, z)
         z *= z
-        out = z @ (-0.5 / self.var)
+        out = (-0.5 / self.var) @ z
         out -= 0.5 * (self.dim * LOG_2PI + np.log(self.var).sum())
         return out
 
@@ -495,8 +496,14 @@ class FullGaussian(Leaf):
         return _vector_column(data, where, self.family, self.dim)
 
     def _log_density(self, x):
-        z = centered(x, self.mean) @ self._prec_chol
-        return -0.5 * (np.einsum("ij,ij->i", z, z) + self._const)
+        z = np.empty((self.dim, x.shape[0]))  # coordinates: no bit depends on the rows' order
+        centered_t(x, self.mean, z)
+        z = self._prec_chol.T @ z
+        z *= z
+        out = np.ones(self.dim) @ z
+        out += self._const
+        out *= -0.5
+        return out
 
     def _accumulate(self, x, w):
         sx, sxx = np.zeros(self.dim), np.zeros((self.dim, self.dim))

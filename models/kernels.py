@@ -4,9 +4,8 @@
   along the data rows into calls of ``m * n * k <= SMALL_GEMM_MNK``, the range OpenBLAS runs
   with its small-matrix kernels (:func:`matmul_cols`, :func:`weighted_sums`,
   :func:`weighted_sums_t`).
-- Copies that numpy's broadcasting makes slow: :func:`centered` (``x - mean`` row-major) and
-  :func:`centered_t` (``(x - c).T`` component-first), and :func:`coordinates` (``x.T``
-  row-major), which make a result's bits independent of the rows' memory order.
+- Copies that numpy's broadcasting makes slow: :func:`centered_t` (``(x - c).T`` component-first) and :func:`coordinates` (``x.T`` with
+  contiguous rows), which make a result's bits independent of the rows' memory order.
 - The rounding-error guard of an expanded quadratic form (:func:`expanded_is_accurate`).
 - float32 blocks (``optimize(..., dtype="float32")``): the products run in float32 on
   chunks of at most ``MAX_GEMM_COLS`` rows, and :func:`weighted_sums` and
@@ -116,18 +115,11 @@ def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
 
 
 def coordinates(x: np.ndarray) -> np.ndarray:
-    """``x.T`` of ``(n, d)`` rows as a row-major ``(d, n)`` array: a view of column-major
-    rows, a copy of row-major ones. A product over the rows computed from it gives the same
-    bits whatever the rows' memory order (BLAS sums in another order for the other layout)."""
-    return np.ascontiguousarray(x.T)
-
-
-def centered(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    """``x - mean`` for ``(n, d)`` rows: a tiled copy then a same-shape subtraction (numpy's
-    inner loop over a broadcast row is only ``d`` long)."""
-    z = np.tile(mean, (x.shape[0], 1))
-    np.subtract(x, z, out=z)
-    return z
+    """``x.T`` of ``(n, d)`` rows as a ``(d, n)`` array with contiguous rows: a view of
+    column-major rows (or a row slice of them), a copy of row-major ones. A product over the
+    rows computed from it gives the same bits whatever the rows' memory order (BLAS sums in
+    another order for the other layout)."""
+    return x.T if x.strides[0] == x.itemsize else np.ascontiguousarray(x.T)
 
 
 def radius2(xc: np.ndarray) -> float:

@@ -49,12 +49,15 @@ def test_rows_outside_the_dataset_are_refused(tmp_path):
         ds.open_rows(3, 7)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_vectors_are_written_row_major_and_ranges_read_from_the_file_into_float32(tmp_path, order, monkeypatch):
+def test_vectors_are_written_row_major_and_a_workers_range_read_from_the_file_column_major(tmp_path, order, dtype,
+                                                                                            monkeypatch):
     """A worker maps its own range of rows, so the files are row-major whatever the rows'
-    order in memory; ``rows_as`` reads a mapped range (of a row-major file in one read, of a
-    column-major one written by someone else column by column) from the file into float32,
-    not through the mapping."""
+    order in memory; ``rows_as`` reads a mapped range of vectors (of a row-major file in one
+    read, of a column-major one written by someone else column by column) from the file into
+    column-major rows of its dtype, not through the mapping. Vectors in memory are cast, never
+    copied for their order: a caller's row-major array in float64 is the same object."""
     from emgrid.executors import datafiles
     from emgrid.executors.datafiles import rows_as
     from emgrid.models.files import npy_header
@@ -70,8 +73,15 @@ def test_vectors_are_written_row_major_and_ranges_read_from_the_file_into_float3
     np.testing.assert_array_equal(rows, x[1000:250_000])
     np.save(tmp_path / "f.npy", np.asfortranarray(x))  # a user's column-major file
     mapped = np.load(tmp_path / "f.npy", mmap_mode="r")
-    for a, n_reads in ((rows, 1), (np.asarray(mapped)[1000:250_000], 3)):
+    # a range of the column-major file is read (column by column) only to change its type
+    for a, n_reads in ((rows, 1), (np.asarray(mapped)[1000:250_000], 3 if dtype == "float32" else 0)):
         reads.clear()
-        got = rows_as(a, "float32")
-        np.testing.assert_array_equal(got, x[1000:250_000].astype(np.float32))
-        assert len(reads) == n_reads and got.flags.f_contiguous  # column-major, as the kernels read best
+        got = rows_as(a, dtype)
+        np.testing.assert_array_equal(got, x[1000:250_000].astype(dtype))
+        assert len(reads) == n_reads
+        assert got.dtype == dtype and got.strides[0] == got.itemsize  # column-major, as the kernels read best
+    in_memory = np.random.default_rng(1).standard_normal((100, 3))
+    reads.clear()
+    got = rows_as((in_memory, np.arange(100)), dtype)
+    assert not reads and got[1].dtype == np.int64
+    assert got[0] is in_memory if dtype == "float64" else got[0].dtype == np.float32

@@ -67,13 +67,15 @@ import resource, sys
 import numpy as np
 from emgrid.executors import memory
 
-def faults():  # minor page faults of 40 blocks of 3 MiB, each filled and freed
+def faults():  # minor page faults of 40 blocks of four 3 MiB arrays (12 MiB), each filled and freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(40):
         a = np.empty(3 << 17)
         a.fill(1.0)
         b = a * 2.0
-        del a, b
+        c = a * b
+        d = c - a
+        del a, b, c, d
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 faults()
@@ -89,8 +91,9 @@ print(told, cell, faults())
 @pytest.mark.skipif(memory._libc() is None, reason="not glibc")
 def test_a_cell_keeps_its_block_arrays_in_the_heap_even_where_the_environment_trims_at_64_kib():
     """Under Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` every block's arrays were fresh pages
-    faulted in again; while a cell holds the process they come from the heap, and the
-    environment's setting is back after it."""
+    faulted in again; while a cell holds the process they come from the heap (blocks of
+    12 MiB of arrays too: a trimming threshold of 8 MiB handed them back every block), and
+    the environment's setting is back after it."""
     import subprocess
     import sys
 
@@ -98,7 +101,7 @@ def test_a_cell_keeps_its_block_arrays_in_the_heap_even_where_the_environment_tr
     out = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     told, cell, after = map(int, out.stdout.split())
-    pages = 40 * (6 << 20) // 4096  # both arrays of every block, in 4 KiB pages
+    pages = 40 * (12 << 20) // 4096  # the arrays of every block, in 4 KiB pages
     assert cell < pages // 20, out.stdout  # the cell's allocator reuses the heap
     # the environment's faults them in again (fewer where huge pages back part of each array)
     assert told > 10 * cell and after > 10 * cell, out.stdout
