@@ -258,8 +258,10 @@ def rows_as(data: Data, dtype: str) -> Data:
     (``models.data.with_dtype``); the rest stays as it is."""
 
     def one(a):
-        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or (a.dtype == dtype and (a.ndim != 2 or a.strides[0] == a.itemsize)):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             return a
+        if a.dtype == dtype and (a.ndim != 2 or a.strides[0] == a.itemsize):
+            return a  # nothing to change: a mapped column stays mapped
         path, start = _mapped_from(a)
         if path is None:
             return a if a.dtype == dtype else a.astype(dtype)
