@@ -16,10 +16,10 @@ read high when an earlier peak of the process was larger).
 
 What the baseline holds, per executor:
 
-- ``multiprocessing``: each worker process starts its meter (after :func:`warm_up`) before it opens its rows of
-  the ``.npy`` files, so the increase holds its rows (mapped file pages count in RSS once
-  read; vectors are read into memory column-major), its working arrays, parameters and
-  statistics: the plan's terms.
+- ``multiprocessing``: each worker process starts its meter (after :func:`warm_up`) before
+  it opens its rows of the ``.npy`` files, so the increase holds its rows (mapped file pages
+  count in RSS once read; vectors are read into memory column-major), its working arrays,
+  parameters and statistics: the plan's terms.
 - ``mpi``: each rank starts its meter when the fit starts. Rows the rank already holds in
   memory (an in-memory dataset every rank loaded before calling ``optimize``) are in its
   baseline, not in the increase; pass an :class:`executors.NpyDataset` to have each rank
@@ -163,8 +163,9 @@ def tune_allocator() -> None:
     features at 128 KiB (a Dask worker's ``MALLOC_TRIM_THRESHOLD_=65536`` does the same), and
     at 8 MiB 30,000 page faults and 3x the time of an E-step over 500,000 rows of a mixture of
     4 records, whose blocks hold 9 MB. The heap is still handed back whole before each pass
-    (:func:`release_free_memory`), so what it keeps never outlasts an iteration. :func:`restore_allocator` gives a process that lives on
-    the settings its environment asked for."""
+    (:func:`release_free_memory`), so what it keeps never outlasts an iteration.
+    :func:`restore_allocator` gives a process that lives on the settings its environment
+    asked for."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
