@@ -249,18 +249,19 @@ class NpyDataset:
 
 
 
-def rows_as(data: Data, dtype: str) -> Data:
-    """A worker's rows (its shard's columns) with their floats in ``dtype`` and its vectors
-    column-major (``models.data``): vectors mapped from a ``.npy`` file
-    (:meth:`NpyDataset.open_rows`; a column-major file's column by column), and in float32
-    every mapped float column, are read from the file (:func:`_read_as`), so the mapped pages
-    of the stored copy are never touched; floats in memory are cast
-    (``models.data.with_dtype``); the rest stays as it is."""
+def rows_as(data: Data, dtype: str, *, vectors: bool = True) -> Data:
+    """A worker's rows (its shard's columns) with their floats in ``dtype`` and, with
+    ``vectors``, its vectors column-major (``models.data``): mapped vectors (the worker's
+    range of a ``.npy`` file, :meth:`NpyDataset.open_rows`; a column-major file's column by
+    column), and in float32 every mapped float column, are read from the file
+    (:func:`_read_as`), so the mapped pages of the stored copy are never touched; floats in
+    memory are cast (``models.data.with_dtype``); the rest stays as it is. Without
+    ``vectors`` (a caller's arrays) nothing is copied that is already in ``dtype``."""
 
     def one(a):
         if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             return a
-        if a.dtype == dtype and (a.ndim != 2 or a.strides[0] == a.itemsize):
+        if a.dtype == dtype and (not vectors or a.ndim != 2 or a.strides[0] == a.itemsize):
             return a  # nothing to change: a mapped column stays mapped
         path, start = _mapped_from(a)
         if path is None:

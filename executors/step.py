@@ -182,22 +182,27 @@ class ShardPayloads(Sequence[bytes]):
 class WorkerStep:
     """One worker's rows (restricted to its shard's columns) and its share of every E-step."""
 
-    def __init__(self, model: Node, spec: WorkerSpec, replica_data: Data, meter: PeakMeter | None = None):
+    def __init__(self, model: Node, spec: WorkerSpec, replica_data: Data, meter: PeakMeter | None = None, *,
+                 own_rows: bool = True):
         """``replica_data``: the rows of the worker's replica, every column (views are fine).
 
         ``meter``: the worker's memory meter, started before its rows were opened (a new one
-        started now when not given).
+        started now when not given). ``own_rows``: the rows are the worker's own (mapped from
+        the dataset's files for it, or shipped to it), whose vectors it reads into memory
+        column-major; False for views of a caller's arrays, which are never copied but to
+        change their dtype (``rows_as``).
         """
         self.spec = spec
         self.meter = meter if meter is not None else PeakMeter()
         self.faults = faults.from_env(spec.name, spec.index)
         # its columns only, then their floats in its dtype (read from the files, not mapped)
-        self.data = rows_as(spec.view.columns_for(spec.shard, model, replica_data), spec.dtype)
+        self.data = rows_as(spec.view.columns_for(spec.shard, model, replica_data), spec.dtype, vectors=own_rows)
 
     @classmethod
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":
-        """From the whole dataset: slices the worker's rows first (views, nothing read)."""
-        return cls(model, spec, take_rows(data, spec.start, spec.stop), meter)
+        """From the whole dataset, a caller's arrays (the local executor): slices the worker's
+        rows first (views, nothing read) and copies none but to change their dtype."""
+        return cls(model, spec, take_rows(data, spec.start, spec.stop), meter, own_rows=False)
 
     def passes(self, model: Node, iteration: int = 0) -> Generator[dict[str, np.ndarray], dict[str, np.ndarray], WorkerShare]:
         """The E-step on this worker's rows; yields its shard roots' log densities per block.

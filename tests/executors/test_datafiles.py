@@ -80,8 +80,34 @@ def test_vectors_are_written_row_major_and_a_workers_range_read_from_the_file_co
         np.testing.assert_array_equal(got, x[1000:250_000].astype(dtype))
         assert len(reads) == n_reads
         assert got.dtype == dtype and got.strides[0] == got.itemsize  # column-major, as the kernels read best
+    # a caller's mapped array (the local executor's views) is not copied but to change its type
+    reads.clear()
+    got = rows_as(rows, dtype, vectors=False)
+    assert got is rows if dtype == "float64" else (len(reads) == 1 and got.dtype == np.float32)
     in_memory = np.random.default_rng(1).standard_normal((100, 3))
     reads.clear()
     got = rows_as((in_memory, np.arange(100)), dtype)
     assert not reads and got[1].dtype == np.int64
     assert got[0] is in_memory if dtype == "float64" else got[0].dtype == np.float32
+
+
+def test_the_local_executor_reads_a_callers_mapped_vectors_in_place_and_a_worker_its_own_into_memory(tmp_path):
+    """The local executor's cells hold views of the caller's arrays, a memory-mapped ``.npy``
+    included; a multiprocessing or MPI worker's own range of the dataset's files is read into
+    column-major memory (the layout the kernels read best)."""
+    from emgrid.executors.step import WorkerStep, grid_layout
+    from emgrid.models import DiagGaussian
+
+    from .plans import grid_plan
+
+    x = np.random.default_rng(0).standard_normal((1000, 3))
+    np.save(tmp_path / "x.npy", x)
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    model = DiagGaussian(np.zeros(3), np.ones(3))
+    spec = grid_layout(model, grid_plan(model, 1000, 1, 1))[0][0]
+    local = WorkerStep.from_full(model, spec, model.prepare(mapped))
+    assert np.shares_memory(local.data, mapped)
+    ds = NpyDataset.write(x, tmp_path / "ds")
+    worker = WorkerStep(model, spec, ds.open_rows(0, 1000))
+    assert not isinstance(worker.data, np.memmap) and worker.data.flags.f_contiguous
+    np.testing.assert_array_equal(worker.data, x)
