@@ -2,8 +2,9 @@
 columns of a ``.parquet`` / ``.csv`` file a model reads by name (``from_table``,
 ``models.table_rows``).
 
-Worker processes open a dataset memory-mapped and slice their own row range, so no
-process ever reads (or is sent) rows that are not its own. ``layout.json`` records how the
+Worker processes open a dataset memory-mapped and slice their own row range (reading
+their vectors into column-major memory, :func:`rows_as`), so no process ever reads (or is
+sent) rows that are not its own. ``layout.json`` records how the
 files nest (tuples for composites, ``Ragged`` for sequences and HMMs).
 """
 

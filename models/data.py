@@ -6,8 +6,9 @@
   assembles them from columns (:func:`vector_rows`: tables) or ships them to a cell: the
   batched kernels read a block of rows one coordinate at a time, which a row-major block
   makes a transposing copy (the largest cost of a diagonal mixture's E-step beside its
-  products). A caller's array is used as it is; the ``.npy`` files workers map are row-major
-  (``executors.datafiles.NpyDataset.write``: a worker maps only its range of rows).
+  products). A caller's array is used as it is; the ``.npy`` files of a dataset are row-major
+  (``executors.datafiles.NpyDataset.write``), and a worker reads its range of vectors from them
+  into column-major memory (``executors.datafiles.rows_as``).
 - A ``Composite``'s data is a tuple with one entry per field, each that field's data.
 - A ``Sequence``'s or ``HMM``'s data is a :class:`Ragged`: ``values`` is the child's data for
   all positions of all rows laid end to end, ``offsets`` (int64, length ``n + 1``, starting at

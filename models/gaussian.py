@@ -293,8 +293,7 @@ class DiagGaussian(Leaf):
         return _vector_column(data, where, self.family, self.dim)
 
     def _log_density(self, x):
-        z = np.empty((self.dim, x.shape[0]))  # coordinates: no bit depends on the rows' order
-        centered_t(x, self.mean, z)
+        z = centered_t(x, self.mean)  # coordinates: no bit depends on the rows' order
         z *= z
         out = (-0.5 / self.var) @ z
         out -= 0.5 * (self.dim * LOG_2PI + np.log(self.var).sum())
@@ -496,9 +495,7 @@ class FullGaussian(Leaf):
         return _vector_column(data, where, self.family, self.dim)
 
     def _log_density(self, x):
-        z = np.empty((self.dim, x.shape[0]))  # coordinates: no bit depends on the rows' order
-        centered_t(x, self.mean, z)
-        z = self._prec_chol.T @ z
+        z = self._prec_chol.T @ centered_t(x, self.mean)  # coordinates: no bit depends on the rows' order
         z *= z
         out = np.ones(self.dim) @ z
         out += self._const

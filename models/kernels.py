@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -102,14 +103,19 @@ def weighted_sums_t(F: np.ndarray, Wt: np.ndarray) -> np.ndarray:
     return out
 
 
-def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
-    """``out[:] = (x - c).T`` for ``(n, d)`` rows: the transposing copy in chunks of 1024 rows
-    (both sides stay in L2), then one contiguous subtraction."""
+def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``(x - c).T`` of ``(n, d)`` rows into ``out`` (default: a new row-major float64
+    ``(d, n)`` array), which it returns: one contiguous subtraction on column-major rows; on
+    row-major ones the transposing copy in chunks of 1024 rows (both sides stay in L2), then
+    the subtraction. The same bits either way (elementwise)."""
+    if out is None:
+        out = np.empty((x.shape[1], x.shape[0]))
     if x.strides[0] == x.itemsize:  # column-major rows: ``x.T``'s rows are contiguous
         np.subtract(x.T, c[:, None], out=out)
-        return
+        return out
     _transpose_into(x, out)
     out -= c[:, None]
+    return out
 
 
 def _transpose_into(x: np.ndarray, out: np.ndarray) -> None:
@@ -202,6 +208,7 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
         return m + np.log(s), E, s
 
 
+@functools.lru_cache(maxsize=64)
 def _unshifted_range(dtype, k: int) -> tuple[float, float, float]:
     """``(floor, safe, high)`` for logs in ``dtype`` over ``k`` rows: ``exp(floor)`` is a
     normal number (and ``floor >= LOG_CLAMP``); ``safe`` is ``floor + UNSHIFTED_MARGIN``;
