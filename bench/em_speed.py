@@ -24,10 +24,10 @@ Method
 
 Layout
     emgrid's rows are column-major, as emgrid assembles vectors (``models.data``: rows read
-    from a table, rows shipped to a Dask, Ray or Spark cell), and scikit-learn's the
-    row-major array it is usually given. emgrid is also timed on that row-major array, as a
-    local fit uses a caller's array in place and multiprocessing and MPI workers map
-    row-major files (each block then makes a transposing copy); both are reported.
+    from a table, rows shipped to a Dask, Ray or Spark cell, a multiprocessing or MPI
+    worker's rows read from its files), and scikit-learn's the row-major array it is usually
+    given. emgrid is also timed on that row-major array, as a local fit uses a caller's array
+    in place (each block then makes a transposing copy); both are reported.
 
 Sanity check
     scikit-learn's ``lower_bounds_`` (the mean log-likelihood at each iteration's E-step)
@@ -334,9 +334,9 @@ def markdown(report):
         f"{report['machine']['cores']} cores.",
         f"Command: `{report['command']}`",
         "",
-        "emgrid's rows are column-major, as it assembles rows read from a table or shipped to a cluster",
-        "engine's cell; a caller's row-major array, used in place by a local fit, and the row-major `.npy`",
-        "files multiprocessing and MPI workers map cost a transposing copy per block (the row-major columns).",
+        "emgrid's rows are column-major, as it assembles rows read from a table, shipped to a cluster engine's",
+        "cell or read by a multiprocessing or MPI worker from its files; a caller's row-major array, used in",
+        "place by a local fit, costs a transposing copy per block (the row-major columns).",
         "",
         "| covariance | emgrid s/iter | scikit-learn s/iter (differenced) | speedup (median of rounds) | target | "
         "emgrid on row-major rows s/iter | its speedup | "
