@@ -21,6 +21,7 @@ import numpy as np
 
 from .data import Ragged
 from .floors import LOG_CLAMP
+from .kernels import raise_to
 
 _TINY = 1e-300
 
@@ -103,8 +104,7 @@ def shifted_emissions(child_lds) -> tuple[np.ndarray, np.ndarray]:
     lds = np.asarray(child_lds, dtype=np.float64)
     m = lds.max(axis=0)
     m[~np.isfinite(m)] = 0.0
-    B = np.subtract(lds, m)
-    np.maximum(B, LOG_CLAMP, out=B)
+    B = raise_to(np.subtract(lds, m), LOG_CLAMP)
     np.exp(B, out=B)
     return B, m
 

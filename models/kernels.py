@@ -13,7 +13,8 @@
   :func:`weighted_sums_t` add the chunks' sums in float64, so a statistic's rounding grows
   with a chunk's rows, not the block's or the data's.
 - :func:`log_softmax_parts`: a log-sum-exp over components that keeps subnormal numbers out
-  of later products (see ``models.floors.LOG_CLAMP``).
+  of later products (see ``models.floors.LOG_CLAMP``), and :func:`raise_to`, the floor it
+  and the HMMs' emissions apply.
 - :func:`stacked`: a cache of parameters stacked over a tuple of sibling leaves.
 """
 
@@ -186,26 +187,38 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     weight below ``e**-UNSHIFTED_MARGIN`` of their row's (the common case: no subtraction of
     the per-row maximum). Otherwise ``shift`` is the per-row maximum, with the exponents
     clamped at ``LOG_CLAMP`` below it. Either way ``E / s`` are the normalized exponentials.
-    With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
+    A row with no finite term (every log ``-inf``) has ``E`` 0, ``s`` 0 and log-sum-exp
+    ``-inf``; a NaN stays NaN. With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
     """
     m = A.max(axis=0)
     floor, safe, high = _unshifted_range(A.dtype, A.shape[0])
     if m.size and m.min() >= safe and m.max() <= high:  # false for NaN too
-        E = A if overwrite else A.copy()
-        if E.min() < floor:
-            np.maximum(E, floor, out=E)
+        E = raise_to(A if overwrite else A.copy(), floor)
         np.exp(E, out=E)
         s = np.ones(E.shape[0], dtype=E.dtype) @ E
         return np.log(s), E, s
+    dead = None
     if not np.isfinite(m).all():
+        dead = m == -np.inf  # rows with no finite term: weight 0 and log-sum-exp -inf
         m = np.where(np.isfinite(m), m, 0.0)
-    E = np.subtract(A, m, out=A if overwrite else None)
-    if E.size and E.min() < LOG_CLAMP:  # clamping is a no-op otherwise; checking is cheaper
-        np.maximum(E, LOG_CLAMP, out=E)
+    E = raise_to(np.subtract(A, m, out=A if overwrite else None), LOG_CLAMP)
     np.exp(E, out=E)
+    if dead is not None and dead.any():
+        E[:, dead] = 0.0
     s = np.ones(E.shape[0], dtype=E.dtype) @ E  # a matrix-vector product: faster than E.sum(axis=0)
     with np.errstate(divide="ignore"):
         return m + np.log(s), E, s
+
+
+def raise_to(A: np.ndarray, floor: float) -> np.ndarray:
+    """``A`` with every value below ``floor`` raised to it, in place; returns ``A``.
+
+    The floor is broadcast from a row of ``A.shape[-1]`` copies rather than a scalar: numpy's
+    ``maximum`` with a scalar operand took twice the time of the same call with a contiguous
+    one (numpy 2.4 on AVX-512). Raising unconditionally costs about what finding the minimum
+    first would, and the exponentials that follow run faster on raised logs (numpy's ``exp``
+    took 8x as long on logs spread over [-900, 0] as over [-700, 0])."""
+    return np.maximum(A, np.full(A.shape[-1:], floor, dtype=A.dtype), out=A)
 
 
 @functools.lru_cache(maxsize=64)

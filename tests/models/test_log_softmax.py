@@ -72,3 +72,14 @@ def test_float32_rows_take_float32_bounds():
     ld, E, s = log_softmax_parts(A.copy())
     assert ld.dtype == np.float32
     np.testing.assert_allclose(ld, reference(A)[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("nan_elsewhere", [False, True])
+def test_a_row_with_no_finite_term_weighs_nothing_whatever_the_other_rows_hold(nan_elsewhere):
+    A = np.array([[-np.inf, 0.0, 2.0], [-np.inf, 1.0, 0.0]])
+    if nan_elsewhere:
+        A[0, 2] = np.nan
+    ld, E, s = log_softmax_parts(A.copy())
+    assert ld[0] == -np.inf and s[0] == 0.0 and (E[:, 0] == 0.0).all()
+    assert ld[1] == pytest.approx(np.logaddexp(0.0, 1.0))
+    assert np.isnan(ld[2]) == nan_elsewhere
