@@ -252,12 +252,14 @@ class NpyDataset:
 
 def rows_as(data: Data, dtype: str, *, vectors: bool = True) -> Data:
     """A worker's rows (its shard's columns) with their floats in ``dtype`` and, with
-    ``vectors``, its vectors column-major (``models.data``): mapped vectors (the worker's
-    range of a ``.npy`` file, :meth:`NpyDataset.open_rows`; a column-major file's column by
-    column), and in float32 every mapped float column, are read from the file
-    (:func:`_read_as`), so the mapped pages of the stored copy are never touched; floats in
-    memory are cast (``models.data.with_dtype``); the rest stays as it is. Without
-    ``vectors`` (a caller's arrays) nothing is copied that is already in ``dtype``."""
+    ``vectors``, its vectors column-major (``models.data``). What already is so stays as it
+    is (a mapped column, a column-major file's vectors in their type). A mapped array that
+    must change (row-major vectors: the worker's range of a ``.npy`` file,
+    :meth:`NpyDataset.open_rows`; any float column of another type) is read from its file
+    (:func:`_read_as`; a column-major file column by column), so the mapped pages of the
+    stored copy are never touched; an array in memory, or mapped copy-on-write (whose memory
+    may hold what its file does not), is converted in memory. Without ``vectors`` (a
+    caller's arrays) nothing is copied that is already in ``dtype``."""
 
     def one(a):
         if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
@@ -280,11 +282,12 @@ def rows_as(data: Data, dtype: str, *, vectors: bool = True) -> Data:
 
 
 def _mapped_from(a: np.ndarray) -> tuple[Path | None, int]:
-    """The file ``a`` is a mapped view of and the byte of its first value there, or ``(None, 0)``."""
+    """The file ``a`` is a mapped view of and the byte of its first value there, or ``(None, 0)``
+    (also for a copy-on-write mapping: its memory may hold what its file does not)."""
     mapped = a.base
     while isinstance(mapped, np.ndarray) and isinstance(mapped.base, np.ndarray):
         mapped = mapped.base  # the mapping of the whole file, whose offset is its first byte's
-    if not isinstance(mapped, np.memmap) or mapped.filename is None:
+    if not isinstance(mapped, np.memmap) or mapped.filename is None or mapped.mode == "c":
         return None, 0
     return Path(mapped.filename), mapped.offset + (a.ctypes.data - mapped.ctypes.data)
 

@@ -111,3 +111,43 @@ def test_the_local_executor_reads_a_callers_mapped_vectors_in_place_and_a_worker
     worker = WorkerStep(model, spec, ds.open_rows(0, 1000))
     assert not isinstance(worker.data, np.memmap) and worker.data.flags.f_contiguous
     np.testing.assert_array_equal(worker.data, x)
+
+
+def test_an_mpi_ranks_cell_uses_the_callers_mapped_rows_as_they_are(tmp_path):
+    """An MPI rank's rows are views of the caller's arrays (the caller's script runs on every
+    rank): its cell neither copies a memory-mapped ``.npy`` nor reads it from the file."""
+    from emgrid.executors.cell import Cell
+    from emgrid.executors.step import grid_layout
+    from emgrid.models import DiagGaussian
+
+    from .plans import grid_plan
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((1000, 3)))
+    model = DiagGaussian(np.zeros(3), np.ones(3))
+    spec = grid_layout(model, grid_plan(model, 1000, 1, 1))[0][0]
+    for mode in ("r", "c"):
+        mapped = np.load(tmp_path / "x.npy", mmap_mode=mode)
+        if mode == "c":
+            mapped += 100.0  # in this process's memory only
+        cell = Cell(spec, model, None, take_rows(model.prepare(mapped), spec.start, spec.stop), callers_rows=True)
+        try:
+            assert np.shares_memory(cell.step.data, mapped), mode
+        finally:
+            cell.close()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("vectors", [True, False])
+def test_a_copy_on_write_mapping_is_read_from_memory_not_from_its_file(tmp_path, dtype, vectors):
+    """What a copy-on-write mapping holds may differ from its file: converting it (to
+    column-major vectors, or to float32) reads its memory."""
+    from emgrid.executors.datafiles import rows_as
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((500, 3)))
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).standard_normal(500))
+    vec, col = np.load(tmp_path / "x.npy", mmap_mode="c"), np.load(tmp_path / "c.npy", mmap_mode="c")
+    vec += 100.0
+    col -= 100.0
+    got_vec, got_col = rows_as((vec[100:400], col[100:400]), dtype, vectors=vectors)
+    np.testing.assert_array_equal(got_vec, vec[100:400].astype(dtype))
+    np.testing.assert_array_equal(got_col, col[100:400].astype(dtype))

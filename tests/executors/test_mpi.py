@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from emgrid.executors import get, optimize
-from emgrid.models import n_rows
+from emgrid.models import DiagGaussian, n_rows
 from emgrid.models.errors import PlanError
 
 from .plans import assert_same_bytes, assert_same_trace, grid_plan
@@ -195,3 +195,21 @@ def test_a_model_parallel_rank_holds_no_more_than_its_plan_across_iterations(tmp
     assert got["trace"] == optimize(data, model, plan=plan, max_iter=4, tol=0.0).log_likelihood
     for w in plan.per_worker:
         assert got["peaks"][w.name] <= 1.25 * w.memory_bytes, (w.name, got["peaks"][w.name], w.memory_bytes)
+
+
+@needs_mpiexec
+def test_ranks_fit_what_the_callers_mapped_array_holds_not_what_its_file_does(tmp_path):
+    """The caller's script maps a ``.npy`` copy-on-write and changes it in memory on every
+    rank: the ranks fit those values (their rows are views of the caller's arrays), as the
+    local executor does."""
+    x = np.random.default_rng(4).standard_normal((2000, 3))
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out.json"
+    proc = mpiexec(2, HERE / "mpi_mapped_script.py", str(tmp_path / "x.npy"), str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(out.read_text())
+    model = DiagGaussian(np.zeros(3), np.ones(3))
+    want = optimize(x + 100.0, model, plan=grid_plan(model, len(x), 2, 1), max_iter=3, tol=0.0)
+    assert got["same_on_all_ranks"]
+    np.testing.assert_allclose(got["trace"], want.log_likelihood, rtol=1e-12)
+    np.testing.assert_allclose(got["mean"], want.model.mean, rtol=1e-12)
