@@ -108,7 +108,7 @@ def centered_t(x: np.ndarray, c: np.ndarray, out: np.ndarray | None = None) -> n
     """``(x - c).T`` of ``(n, d)`` rows into ``out`` (default: a new row-major float64
     ``(d, n)`` array), which it returns: one contiguous subtraction on column-major rows; on
     row-major ones the transposing copy in chunks of 1024 rows (both sides stay in L2), then
-    the subtraction. The same bits either way (elementwise)."""
+    the subtraction. The same bits either way (elementwise) when ``out`` has ``x``'s type."""
     if out is None:
         out = np.empty((x.shape[1], x.shape[0]))
     if x.strides[0] == x.itemsize:  # column-major rows: ``x.T``'s rows are contiguous
@@ -186,9 +186,10 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     (``_unshifted_range``): the terms below that floor are raised to it, which gives them a
     weight below ``e**-UNSHIFTED_MARGIN`` of their row's (the common case: no subtraction of
     the per-row maximum). Otherwise ``shift`` is the per-row maximum, with the exponents
-    clamped at ``LOG_CLAMP`` below it. Either way ``E / s`` are the normalized exponentials.
-    A row with no finite term (every log ``-inf``) has ``E`` 0, ``s`` 0 and log-sum-exp
-    ``-inf``; a NaN stays NaN. With ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
+    clamped at the same floor (``LOG_CLAMP`` in float64; float32's exp is subnormal sooner).
+    Either way ``E / s`` are the normalized exponentials. A row with no finite term (every
+    log ``-inf``) has ``E`` 0, ``s`` 0 and log-sum-exp ``-inf``; a NaN stays NaN. With
+    ``overwrite`` the exponentials are computed in ``A``'s memory (one pass less).
     """
     m = A.max(axis=0)
     floor, safe, high = _unshifted_range(A.dtype, A.shape[0])
@@ -201,7 +202,7 @@ def log_softmax_parts(A: np.ndarray, *, overwrite: bool = False):
     if not np.isfinite(m).all():
         dead = m == -np.inf  # rows with no finite term: weight 0 and log-sum-exp -inf
         m = np.where(np.isfinite(m), m, 0.0)
-    E = raise_to(np.subtract(A, m, out=A if overwrite else None), LOG_CLAMP)
+    E = raise_to(np.subtract(A, m, out=A if overwrite else None), floor)
     np.exp(E, out=E)
     if dead is not None and dead.any():
         E[:, dead] = 0.0

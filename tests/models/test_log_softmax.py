@@ -83,3 +83,12 @@ def test_a_row_with_no_finite_term_weighs_nothing_whatever_the_other_rows_hold(n
     assert ld[0] == -np.inf and s[0] == 0.0 and (E[:, 0] == 0.0).all()
     assert ld[1] == pytest.approx(np.logaddexp(0.0, 1.0))
     assert np.isnan(ld[2]) == nan_elsewhere
+
+
+def test_float32_logs_on_the_shifted_path_leave_no_subnormal_weight():
+    """float32's exp is subnormal below about -87: the shifted path's floor follows the type."""
+    A = np.array([[-30.0, 0.0], [-125.0, -95.0], [-np.inf, -400.0]], dtype=np.float32)
+    ld, E, s = log_softmax_parts(A.copy())
+    assert not (E.max(axis=0) < np.finfo(np.float32).tiny).any()  # each row's largest is exp(0)
+    assert (E[E > 0] >= np.finfo(np.float32).tiny).all()
+    np.testing.assert_allclose(ld, reference(A)[0], rtol=1e-6)
