@@ -149,18 +149,18 @@ def each_array(data: Data, fn) -> Data:
     return fn(data)
 
 
-def with_dtype(data: Data, dtype: str, cast=None) -> Data:
+def with_dtype(data: Data, dtype: str) -> Data:
     """``data`` with its float arrays in ``dtype`` (integer columns and offsets as they are);
-    the same objects where nothing changes, so float64 data in float64 costs nothing.
-    ``cast(array, dtype)`` converts one float array of another type (default ``astype``)."""
-    if data is None or dtype == "float64":
+    the same objects where nothing changes, so float64 data in float64 costs nothing."""
+    if data is None:
         return data
 
     def one(a):
-        a = np.asarray(a)
+        if not isinstance(a, np.ndarray):
+            a = np.asarray(a)
         if a.dtype.kind != "f" or a.dtype == dtype:
             return a
-        return a.astype(dtype) if cast is None else cast(a, dtype)
+        return a.astype(dtype)
 
     return each_array(data, one)
 
