@@ -137,9 +137,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 #: workers with ``MALLOC_TRIM_THRESHOLD_=65536``), and glibc's value of both by default
 _MALLOC_ENV = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
 GLIBC_THRESHOLD = 128 << 10
-#: Blocks of this size or more are mapped on their own and unmapped when freed (what a
-#: cell sets, :func:`tune_allocator`): tables of parameters and statistics,
-#: received messages, not a block's working arrays.
+#: Blocks of this size or more that the heap's free memory cannot hold are mapped on their
+#: own and unmapped when freed (what a cell sets, :func:`tune_allocator`): tables of
+#: parameters and statistics, received messages, not a block's working arrays.
 LARGE_BLOCK_BYTES = 4 << 20
 #: The free memory a cell's heap keeps at its top (what ``free`` does not hand back to the
 #: kernel): several blocks' working arrays (``models.units.BLOCK_BYTES`` each by the plan; a
@@ -148,10 +148,10 @@ KEPT_HEAP_BYTES = 8 * BLOCK_BYTES
 
 
 def tune_allocator() -> None:
-    """Sets glibc's allocator of a process while it holds a grid cell: every block of
-    :data:`LARGE_BLOCK_BYTES` or more is mapped on its own (and unmapped when freed), smaller
-    ones come from the heap, whose free top is handed back to the kernel beyond
-    :data:`KEPT_HEAP_BYTES`.
+    """Sets glibc's allocator of a process while it holds a grid cell: a block of
+    :data:`LARGE_BLOCK_BYTES` or more is mapped on its own (and unmapped when freed) unless
+    the heap's free memory holds it, smaller ones come from the heap, whose free top is
+    handed back to the kernel beyond :data:`KEPT_HEAP_BYTES`.
 
     By default glibc raises the mapping threshold to the size of the largest block freed so
     far, so once a worker frees its first parameter table the next ones come from the heap,
@@ -162,8 +162,10 @@ def tune_allocator() -> None:
     and faults them in again at the next: 2.7x the CPU time of a full-covariance block's
     features at 128 KiB (a Dask worker's ``MALLOC_TRIM_THRESHOLD_=65536`` does the same), and
     at 8 MiB 30,000 page faults and 3x the time of an E-step over 500,000 rows of a mixture of
-    4 records, whose blocks hold 9 MB. The heap is still handed back whole before each pass
-    (:func:`release_free_memory`), so what it keeps never outlasts an iteration.
+    4 records, whose blocks hold 9 MB. A cell still hands the heap back whole before each
+    pass (:func:`release_free_memory`), so what it keeps never outlasts an iteration, unless
+    its plan holds too little beyond a worker's base for that to matter
+    (``WorkerSpec.trims``, ``executors.step.TRIM_MIN_BYTES``).
     :func:`restore_allocator` gives a process that lives on the settings its environment
     asked for."""
     libc = _libc()
