@@ -173,9 +173,11 @@ class NpyDataset:
 
         def put(t):
             if isinstance(t, Col):
-                values = model.node_at(t.path).values if t.kind == "cat" else None
+                leaf = model.node_at(t.path)
+                values = leaf.values if t.kind == "cat" else None
                 return {"kind": "table", "source": source, "names": list(t.names), "leaf": t.kind,
-                        "values": None if values is None else list(values), "n": n_file}
+                        "values": None if values is None else list(values), "n": n_file,
+                        "spec": leaf.to_spec()}  # what a worker checks its rows against
             if isinstance(t, Seq):
                 ids = table_rows.read_columns(directory, source, [table.sequence_id], 0, n_file)[table.sequence_id]
                 if ids[1] is not None:

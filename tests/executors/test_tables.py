@@ -167,3 +167,35 @@ def test_the_coordinator_reads_only_the_categorical_columns_of_a_parquet_file(fi
                    tol=0.0)
     assert fit.model.node_at("0.1").values == ("blue", "green", "red")
     assert read and {c for _, cols in read for c in cols} == {"color"}, read
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("family,bad,message", [
+    ("Poisson", 2.5, "Poisson expects integers, got non-integral values such as 2.5"),
+    ("Poisson", -3.0, "Poisson counts must be >= 0, got -3"),
+    ("Exponential", -0.5, "Exponential data must be >= 0, got -0.5"),
+])
+def test_a_files_rows_are_checked_by_their_leaf_as_rows_in_memory_are(tmp_path, fmt, family, bad, message):
+    """A worker reading its rows from a table file checks them as ``prepare`` checks rows in
+    memory: a fractional or negative count, a value outside a leaf's support is refused with
+    the file and the column named, not fitted (a fractional count was, its rate the column's mean)."""
+    from emgrid.models import Exponential, Poisson
+    from emgrid.models.errors import DataError, FitError
+
+    rng = np.random.default_rng(0)
+    k = rng.poisson(3.0, 300).astype(np.float64)
+    k[150] = bad
+    table = pa.table({"g": rng.normal(size=300), "k": k})
+    path = tmp_path / f"rows.{fmt}"
+    pq.write_table(table, path) if fmt == "parquet" else pcsv.write_csv(table, path)
+    leaf = Poisson(2.0) if family == "Poisson" else Exponential(1.0)
+    model = Composite({"g": Gaussian(0.0, 1.0), "k": leaf})
+    with pytest.raises(DataError, match="Exponential|Poisson") as err:
+        model.prepare(Table(table))  # in memory: the leaf's own check
+    assert message in str(err.value)
+    with pytest.raises(DataError) as err:
+        optimize(str(path), model, plan=grid_plan(model, 300, 1, 1), max_iter=3)
+    assert message in str(err.value) and "'k'" in str(err.value) and str(path) in str(err.value)
+    with pytest.raises(FitError) as err:  # a worker's rows: the worker that read them fails with it
+        optimize(str(path), model, plan=grid_plan(model, 300, 2, 1), executor="multiprocessing", max_iter=3)
+    assert message in str(err.value) and "'k'" in str(err.value)
