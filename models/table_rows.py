@@ -25,7 +25,8 @@ from .base import from_spec
 from .columns import MAX_ABS_VALUE, encode_values
 from .data import vector_rows
 from .errors import DataError
-from .tables import Col, arrow_error, column_arrays, csv_sample, file_columns, missing_rows, pyarrow_module
+from .tables import (Col, arrow_error, column_arrays, csv_options, csv_sample, file_columns, missing_rows,
+                     pyarrow_module)
 
 _BLOCK = 1 << 22
 _LF, _COMMA, _QUOTE = 10, 44, 34
@@ -236,7 +237,7 @@ def csv_rows(directory: Path, source: dict, path: Path, names: list[str], start:
         f.seek(a)
         chunk = f.read(b - a)
     types = {n: pa.type_for_alias(as_type or source["types"][n]) for n in names if n in source["types"]}
-    opts = pcsv.ConvertOptions(include_columns=names, column_types=types, strings_can_be_null=True)
+    opts = csv_options(include_columns=names, column_types=types)
     body = source["header"].encode() + chunk
     try:
         table = pcsv.read_csv(io.BytesIO(body), convert_options=opts)
@@ -254,8 +255,8 @@ def _bad_rows(path: Path, source: dict, names: list[str], types: dict, chunk: by
     the column's type, named by its row, else pyarrow's own line."""
     pa, pcsv = pyarrow_module(), pyarrow_module("pyarrow.csv")
     try:
-        raw = pcsv.read_csv(io.BytesIO(source["header"].encode() + chunk), convert_options=pcsv.ConvertOptions(
-            include_columns=names, column_types={n: pa.string() for n in names}, strings_can_be_null=True))
+        raw = pcsv.read_csv(io.BytesIO(source["header"].encode() + chunk), convert_options=csv_options(
+            include_columns=names, column_types={n: pa.string() for n in names}))
     except pa.ArrowException:
         raw = None
     if raw is not None:

@@ -59,6 +59,16 @@ def pyarrow_module(name: str = "pyarrow"):
         raise DataError("reading .parquet and .csv files needs pyarrow: pip install 'emgrid[tables]'") from None
 
 
+#: The CSV fields read as missing: an empty field, null and NaN. pyarrow's own list also
+#: takes "NA", "N/A", "#N/A" and more, which can be data (Namibia's country code is NA).
+CSV_NULLS = ("", "null", "NULL", "NaN", "nan")
+
+
+def csv_options(**kw):
+    """pyarrow's CSV conversion options with :data:`CSV_NULLS` as the missing values."""
+    return pyarrow_module("pyarrow.csv").ConvertOptions(null_values=list(CSV_NULLS), strings_can_be_null=True, **kw)
+
+
 @dataclass(frozen=True)
 class Table:
     """A table with how to read it: ``source`` (see the module), ``sequence_id`` (the
@@ -367,8 +377,7 @@ def read_file(path: Path, names: list[str] | None = None):
         if path.suffix.lower() == ".parquet":
             return pyarrow_module("pyarrow.parquet").read_table(path, columns=names)
         pcsv = pyarrow_module("pyarrow.csv")
-        opts = pcsv.ConvertOptions(include_columns=names, strings_can_be_null=True) if names else None
-        return pcsv.read_csv(path, convert_options=opts)
+        return pcsv.read_csv(path, convert_options=csv_options(include_columns=names) if names else csv_options())
     except pa.ArrowException as e:
         raise arrow_error(path, e) from None
     except OSError as e:
@@ -472,7 +481,7 @@ def csv_sample(path: Path, limit: int = 1 << 20):
     with open(path, "rb") as f:
         sample = f.read(limit + 1)
     cut = sample.rfind(b"\n") + 1 if len(sample) > limit else len(sample)
-    return pcsv.read_csv(io.BytesIO(sample[:cut] or sample), convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+    return pcsv.read_csv(io.BytesIO(sample[:cut] or sample), convert_options=csv_options())
 
 
 def replace_nodes(node: "Node", new: dict, path: str = "") -> "Node":

@@ -199,3 +199,14 @@ def test_a_files_rows_are_checked_by_their_leaf_as_rows_in_memory_are(tmp_path, 
     with pytest.raises(FitError) as err:  # a worker's rows: the worker that read them fails with it
         optimize(str(path), model, plan=grid_plan(model, 300, 2, 1), executor="multiprocessing", max_iter=3)
     assert message in str(err.value) and "'k'" in str(err.value)
+
+
+def test_a_csv_text_NA_is_a_category_and_only_empty_null_and_nan_fields_are_missing(tmp_path):
+    """pyarrow reads "NA" and "N/A" as missing by default; they are data (Namibia's code)."""
+    path = tmp_path / "countries.csv"
+    path.write_text("country,x\nDE,1.0\nNA,2.0\nN/A,3.0\nFR,4.0\n,5.0\nnull,6.0\nNaN,7.0\n")
+    table = Table(str(path), drop_missing=True)
+    model = bind(Composite({"country": Categorical(np.full(4, 0.25)), "x": Gaussian(0.0, 1.0)}), table)
+    assert set(model.children[0].values) == {"DE", "FR", "NA", "N/A"}
+    with pytest.warns(UserWarning, match="dropped 3 of 7 rows"):  # the empty, null and NaN fields'
+        assert len(model.prepare(table)[1]) == 4
