@@ -34,6 +34,10 @@ LAYOUT = "layout.json"
 WRITE_ROWS = 1 << 16
 #: The name of every table dataset's scratch folder begins so: ``emgrid-table-<host>-<pid>-<tag>``.
 SCRATCH_PREFIX = "emgrid-table-"
+#: Largest leaf (in parameters) whose spec a table's layout keeps for its workers to check
+#: their rows by: every number or count leaf but a categorical of many integer codes, whose
+#: codes are then only cast (its table of probabilities would be read by every worker).
+SPEC_MAX_PARAMS = 4096
 
 
 def _host() -> str:
@@ -175,9 +179,11 @@ class NpyDataset:
             if isinstance(t, Col):
                 leaf = model.node_at(t.path)
                 values = leaf.values if t.kind == "cat" else None
-                return {"kind": "table", "source": source, "names": list(t.names), "leaf": t.kind,
-                        "values": None if values is None else list(values), "n": n_file,
-                        "spec": leaf.to_spec()}  # what a worker checks its rows against
+                node = {"kind": "table", "source": source, "names": list(t.names), "leaf": t.kind,
+                        "values": None if values is None else list(values), "n": n_file}
+                if t.kind in ("int", "float") and sum(np.size(v) for v in leaf.params().values()) <= SPEC_MAX_PARAMS:
+                    node["spec"] = leaf.to_spec()  # what a worker checks its rows by (read_rows)
+                return node
             if isinstance(t, Seq):
                 ids = table_rows.read_columns(directory, source, [table.sequence_id], 0, n_file)[table.sequence_id]
                 if ids[1] is not None:

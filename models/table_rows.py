@@ -157,9 +157,9 @@ def _fill_starts(path: Path, header_bytes: int, starts: np.ndarray) -> int:
 def read_rows(directory: Path, node: dict, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of one leaf's columns (a layout node of kind ``table``), in the
     leaf's encoding; a missing value, NaN, inf or a float beyond ``models.columns.MAX_ABS_VALUE``
-    is refused naming its column and the file's row, and a scalar column is checked by its
-    leaf (the node's ``spec``) as in memory: counts integral and in range, values in the
-    leaf's support."""
+    is refused naming its column and the file's row, and a number or count column is checked
+    by its leaf (the node's ``spec``) as in memory: counts integral and in range, values in
+    the leaf's support."""
     names = node["names"]
     values = node.get("values")
     strings = node["leaf"] == "cat" and values is not None and any(isinstance(v, str) for v in values)
@@ -177,7 +177,7 @@ def read_rows(directory: Path, node: dict, start: int, stop: int) -> np.ndarray:
     if col.kind == "float":
         x = np.asarray(x, dtype=np.float64)
         _check_floats(x[:, None], names, start, node["source"]["file"])
-    if "spec" not in node:  # a layout written without its leaves' specs
+    if "spec" not in node:  # a categorical's integer codes
         return np.asarray(x, dtype=np.int64) if x.dtype.kind in "iub" else x
     where = f"data file {node['source']['file']!r}: column {names[0]!r} (rows {start}-{stop - 1})"
     return from_spec(node["spec"])._prepare(x, where)
