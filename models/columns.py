@@ -120,9 +120,11 @@ def _integral_if_float(x, where: str) -> np.ndarray:
     """A raw categorical column as an array; floats become int64 when every one is integral."""
     x = np.asarray(x)
     if x.dtype.kind == "f":
-        bad = x[x != np.round(x)]
+        with np.errstate(invalid="ignore"):
+            bad = x[(x != np.round(x)) | ~(np.abs(x) < 2.0**63)]  # NaN, inf and beyond int64 too
         if bad.size:
-            raise DataError(f"{where}: a categorical column holds floats; only integral floats are taken, got {bad[0]!r}")
+            raise DataError(f"{where}: a categorical column holds floats; only integral floats within int64 are "
+                            f"taken, got {float(bad[0]):g}")
         x = x.astype(np.int64)
     return x
 

@@ -236,6 +236,8 @@ def column_arrays(col, name: str = "?") -> tuple[np.ndarray, np.ndarray | None]:
             raise DataError(f"column {name!r} holds {col.type} values; a column a leaf reads holds numbers, strings "
                             "or booleans (a vector reads one column per entry)")
         missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+        if missing is not None and pa.types.is_integer(col.type):
+            col = col.fill_null(0)  # with its nulls an integer column converts to float64, merging ids above 2**53
         values = col.to_numpy(zero_copy_only=False)
     elif mod.startswith("pandas"):
         missing = np.asarray(col.isna())

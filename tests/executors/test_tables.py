@@ -210,3 +210,24 @@ def test_a_csv_text_NA_is_a_category_and_only_empty_null_and_nan_fields_are_miss
     assert set(model.children[0].values) == {"DE", "FR", "NA", "N/A"}
     with pytest.warns(UserWarning, match="dropped 3 of 7 rows"):  # the empty, null and NaN fields'
         assert len(model.prepare(table)[1]) == 4
+
+
+def test_an_integer_column_with_a_null_keeps_ids_beyond_2_to_the_53_apart():
+    """pyarrow converts an integer column with nulls to float64, where 2**53 and 2**53 + 1 are
+    one number: the ids must stay two categories."""
+    ids = pa.array([2**53, 2**53 + 1, None, 2**53 + 1, 2**53], type=pa.int64())
+    table = Table(pa.table({"a": [1.0, 2.0, 3.0, 4.0, 5.0], "c": ids}), drop_missing=True)
+    model = bind(Composite({"a": Gaussian(0.0, 1.0), "c": Categorical()}), table)
+    assert model.children[1].values == (2**53, 2**53 + 1)
+    with pytest.warns(UserWarning, match="dropped 1 of 5 rows"):
+        assert model.prepare(table)[1].tolist() == [0, 1, 1, 0]
+
+
+@pytest.mark.parametrize("bad", [np.inf, 1e20])
+def test_a_categorical_float_column_beyond_int64_is_refused_not_wrapped(bad):
+    from emgrid.models.errors import DataError
+
+    table = pa.table({"a": [1.0, 2.0, 3.0], "c": [1.0, 2.0, bad]})
+    with pytest.raises(DataError, match=r"column 'c': a categorical column holds floats; only integral floats "
+                                        r"within int64 are taken, got (inf|1e\+20)"):
+        bind(Composite({"a": Gaussian(0.0, 1.0), "c": Categorical()}), table)
