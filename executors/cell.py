@@ -148,8 +148,8 @@ class Cell:
     its shard's column reduce and M-step.
 
     ``directory``: an :class:`NpyDataset` the cell maps its rows from; otherwise ``rows``:
-    the rows of its replica, restricted to its shard's columns (shipped once), or with
-    ``callers_rows`` views of the caller's own arrays (an MPI rank's), used as they are (see
+    the rows of its replica, restricted to its shard's columns (shipped once), or without
+    ``own_rows`` views of the caller's own arrays (an MPI rank's), used as they are (see
     :class:`executors.step.WorkerStep`). ``model``: its
     shard's part of the starting model (to warm up and select its columns; its part for the
     fit comes with :meth:`load`). ``env``: the testing hooks' variables, set while the cell
@@ -158,7 +158,7 @@ class Cell:
     """
 
     def __init__(self, spec: WorkerSpec, model: Node, directory: str | None, rows: Data | None,
-                 blas_threads: int | None = None, env: dict[str, str] | None = None, *, callers_rows: bool = False):
+                 blas_threads: int | None = None, env: dict[str, str] | None = None, *, own_rows: bool = True):
         self.spec = spec
         tune_allocator()  # given back at close(): see executors.memory
         self._limits = None
@@ -172,7 +172,7 @@ class Cell:
             self.meter = PeakMeter()  # after the warm-up, before the rows: see executors.memory
             if directory is not None:
                 rows = NpyDataset(directory).open_rows(spec.start, spec.stop)
-            self.step = WorkerStep(model, spec, rows, self.meter, own_rows=not callers_rows)
+            self.step = WorkerStep(model, spec, rows, self.meter, own_rows=own_rows)
             probe(spec.name)
         self.mailbox = Mailbox()
         self.peers: tuple[int, ...] = ()  # the other shards of the replica

@@ -258,21 +258,21 @@ class NpyDataset:
 
 
 
-def rows_as(data: Data, dtype: str, *, vectors: bool = True) -> Data:
+def rows_as(data: Data, dtype: str, *, own_rows: bool = True) -> Data:
     """A worker's rows (its shard's columns) with their floats in ``dtype`` and, with
-    ``vectors``, its vectors column-major (``models.data``). What already is so stays as it
+    ``own_rows``, its vectors column-major (``models.data``). What already is so stays as it
     is (a mapped column, a column-major file's vectors in their type). A mapped array that
     must change (row-major vectors: the worker's range of a ``.npy`` file,
     :meth:`NpyDataset.open_rows`; any float column of another type) is read from its file
     (:func:`_read_as`; a column-major file column by column), so the mapped pages of the
     stored copy are never touched; an array in memory, or mapped copy-on-write (whose memory
-    may hold what its file does not), is converted in memory. Without ``vectors`` (a
+    may hold what its file does not), is converted in memory. Without ``own_rows`` (a
     caller's arrays) nothing is copied that is already in ``dtype``."""
 
     def one(a):
         if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             return a
-        if a.dtype == dtype and (not vectors or a.ndim != 2 or a.strides[0] == a.itemsize):
+        if a.dtype == dtype and (not own_rows or a.ndim != 2 or a.strides[0] == a.itemsize):
             return a  # nothing to change: a mapped column stays mapped
         path, start = _mapped_from(a)
         if path is None:

@@ -297,7 +297,7 @@ class MpiExecutor(GridExecutor):
             if me in specs:
                 spec = specs[me]
                 cell = Cell(spec, spec.view.model_for(spec.shard, job.model), None,
-                            job.open_rows(spec.start, spec.stop), callers_rows=job.directory is None)
+                            job.open_rows(spec.start, spec.stop), own_rows=job.directory is not None)
                 link.cell = cell
                 cell.mailbox.pump = link.pump
                 cell.connect(lambda target, key, payload, extra: link.post(ranks[target], ("cell", key, extra),

@@ -196,7 +196,7 @@ class WorkerStep:
         self.meter = meter if meter is not None else PeakMeter()
         self.faults = faults.from_env(spec.name, spec.index)
         # its columns only, then their floats in its dtype (read from the files, not mapped)
-        self.data = rows_as(spec.view.columns_for(spec.shard, model, replica_data), spec.dtype, vectors=own_rows)
+        self.data = rows_as(spec.view.columns_for(spec.shard, model, replica_data), spec.dtype, own_rows=own_rows)
 
     @classmethod
     def from_full(cls, model: Node, spec: WorkerSpec, data: Data, meter: PeakMeter | None = None) -> "WorkerStep":

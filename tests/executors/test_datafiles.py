@@ -82,7 +82,7 @@ def test_vectors_are_written_row_major_and_a_workers_range_read_from_the_file_co
         assert got.dtype == dtype and got.strides[0] == got.itemsize  # column-major, as the kernels read best
     # a caller's mapped array (the local executor's views) is not copied but to change its type
     reads.clear()
-    got = rows_as(rows, dtype, vectors=False)
+    got = rows_as(rows, dtype, own_rows=False)
     assert got is rows if dtype == "float64" else (len(reads) == 1 and got.dtype == np.float32)
     in_memory = np.random.default_rng(1).standard_normal((100, 3))
     reads.clear()
@@ -129,7 +129,7 @@ def test_an_mpi_ranks_cell_uses_the_callers_mapped_rows_as_they_are(tmp_path):
         mapped = np.load(tmp_path / "x.npy", mmap_mode=mode)
         if mode == "c":
             mapped += 100.0  # in this process's memory only
-        cell = Cell(spec, model, None, take_rows(model.prepare(mapped), spec.start, spec.stop), callers_rows=True)
+        cell = Cell(spec, model, None, take_rows(model.prepare(mapped), spec.start, spec.stop), own_rows=False)
         try:
             assert np.shares_memory(cell.step.data, mapped), mode
         finally:
@@ -137,8 +137,8 @@ def test_an_mpi_ranks_cell_uses_the_callers_mapped_rows_as_they_are(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("vectors", [True, False])
-def test_a_copy_on_write_mapping_is_read_from_memory_not_from_its_file(tmp_path, dtype, vectors):
+@pytest.mark.parametrize("own_rows", [True, False])
+def test_a_copy_on_write_mapping_is_read_from_memory_not_from_its_file(tmp_path, dtype, own_rows):
     """What a copy-on-write mapping holds may differ from its file: converting it (to
     column-major vectors, or to float32) reads its memory."""
     from emgrid.executors.datafiles import rows_as
@@ -148,6 +148,6 @@ def test_a_copy_on_write_mapping_is_read_from_memory_not_from_its_file(tmp_path,
     vec, col = np.load(tmp_path / "x.npy", mmap_mode="c"), np.load(tmp_path / "c.npy", mmap_mode="c")
     vec += 100.0
     col -= 100.0
-    got_vec, got_col = rows_as((vec[100:400], col[100:400]), dtype, vectors=vectors)
+    got_vec, got_col = rows_as((vec[100:400], col[100:400]), dtype, own_rows=own_rows)
     np.testing.assert_array_equal(got_vec, vec[100:400].astype(dtype))
     np.testing.assert_array_equal(got_col, col[100:400].astype(dtype))
